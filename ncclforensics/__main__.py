@@ -1,0 +1,5 @@
+"""`python -m ncclforensics` entry point."""
+
+from ncclforensics.cli import main
+
+main()

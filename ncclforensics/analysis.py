@@ -1,0 +1,138 @@
+"""One call from a path to a Diagnosis: ingest, align, rules, and the run facts around them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ncclforensics.errors import NoInputError
+from ncclforensics.events import IngestResult, build_events
+from ncclforensics.model import Diagnosis, Evidence, Finding, RootCause, RunFacts
+from ncclforensics.rules import engine
+from ncclforensics.rules.context import Context, extra
+
+
+@dataclass
+class Analysis:
+    ingest: IngestResult
+    context: Context
+    diagnosis: Diagnosis
+
+
+def analyze_path(path: str | Path, *, progress=None) -> Analysis:
+    res = build_events(path, progress=progress)
+    if res.files == 0 and res.events.is_empty():
+        raise NoInputError(no_input_message(Path(path), res))
+    return analyze_events(res)
+
+
+def no_input_message(path: Path, res: IngestResult) -> str:
+    if res.skipped:
+        reasons = "; ".join(f"{s.file}: {s.reason}" for s in res.skipped[:3])
+        more = f" (+{len(res.skipped) - 3} more)" if len(res.skipped) > 3 else ""
+        return f"no readable log files in {path} ({reasons}{more})"
+    return f"no log files in {path}"
+
+
+def analyze_events(res: IngestResult) -> Analysis:
+    ctx = Context.build(res.events)
+    findings = engine.evaluate(ctx)
+    root = engine.order(findings)
+    if root is None:
+        root = engine.unknown_finding(ctx)
+        findings = [root, *findings]
+    findings.sort(key=lambda f: (f.role.value != "root", f.role.value == "cascade", -f.confidence))
+    facts = run_facts(res, ctx)
+    missing = root.doc.get("what_would_settle_it") if root.root_cause is RootCause.UNKNOWN else _missing_logs(ctx)
+    diag = Diagnosis(facts=facts, verdict=root, findings=findings, ranks=rank_rows(ctx, root),
+                     first_failure=_first_failure(root), missing=missing)
+    return Analysis(ingest=res, context=ctx, diagnosis=diag)
+
+
+def _first_failure(root: Finding) -> Evidence | None:
+    ev = [e for e in root.evidence if e.ts is not None]
+    if ev:
+        return min(ev, key=lambda e: e.ts)
+    return root.evidence[0] if root.evidence else None
+
+
+def _missing_logs(ctx: Context) -> str | None:
+    ws = ctx.world_size
+    if not ws or ws > 100_000:
+        return None
+    absent = sorted(set(range(ws)) - set(ctx.ranks_seen))
+    if not absent:
+        return None
+    shown = ", ".join(map(str, absent[:20])) + (" …" if len(absent) > 20 else "")
+    return f"no log lines from rank(s) {shown}: their logs would confirm or change this verdict"
+
+
+def run_facts(res: IngestResult, ctx: Context) -> RunFacts:
+    versions: dict[str, str] = {}
+    for r in ctx.rows("nccl_version", "nccl_error", "pg_init"):
+        v = extra(r).get("version")
+        if v:
+            versions.setdefault("nccl", str(v))
+    env: dict[str, str] = {}
+    for r in ctx.rows("env_setting"):
+        x = extra(r)
+        if x.get("name"):
+            env[str(x["name"])] = str(x.get("value", ""))[:200]
+    notes = list(res.notes) + list(dict.fromkeys(ctx.notes))
+    if ctx.world_size and not getattr(ctx, "world_size_stated", True):
+        notes.append(f"no log states the world size: {ctx.world_size} is the highest rank seen + 1, "
+                     "a lower bound")
+    if res.year_source == "file modification time":
+        notes.append("log timestamps carry no year: it was taken from the files' modification time")
+    return RunFacts(
+        path=str(res.run), files=res.files, lines=res.lines, bytes=res.bytes, world_size=ctx.world_size,
+        ranks_seen=ctx.ranks_seen, hosts=ctx.hosts, versions=versions, skipped=list(res.skipped),
+        env=env, notes=notes,
+    )
+
+
+def rank_rows(ctx: Context, root: Finding) -> list[dict]:
+    """Per rank x PG state for --json and the report (DESIGN.md §4 `ranks`)."""
+    culprits = set(root.culprit_ranks)
+    waiting = {r["rank"] for r in ctx.rows("watchdog_timeout", "gloo_timeout") if r["rank"] is not None}
+    crashed = set(ctx.self_failures)
+    fr = {(r["pg"], r["rank"]): r for r in ctx.frontier.iter_rows(named=True)}
+    ranks = sorted(set(ctx.ranks_seen) | {k[1] for k in fr})
+    pgs = Counter(k[0] for k in fr)
+    main_pg = pgs.most_common(1)[0][0] if pgs else "0"
+    out = []
+    for rank in ranks:
+        r = fr.get((main_pg, rank)) or next((v for (pg, rk), v in fr.items() if rk == rank), None) or {}
+        if rank in culprits:
+            state = "culprit"
+        elif rank in crashed:
+            state = "crashed"
+        elif rank in waiting:
+            state = "waiting"
+        else:
+            state = "seen"
+        timed = None
+        if r.get("timeout_seq") is not None or r.get("timeout_op"):
+            timed = {"seq": r.get("timeout_seq"), "op": r.get("timeout_op")}
+        last_seq = r.get("fr_last_seq")
+        out.append({
+            "rank": rank, "host": r.get("host") or ctx.rank_hosts.get(rank), "pg": r.get("pg", main_pg),
+            "last_enqueued": r.get("last_enqueued") if r.get("last_enqueued") is not None else last_seq,
+            "last_completed": r.get("last_completed"), "timed_out": timed,
+            "current_op": r.get("fr_last_op") or r.get("fp_op") or r.get("exc_op"),
+            "current_seq": last_seq if last_seq is not None else r.get("fp_seq"),
+            "state": state,
+        })
+    return out
+
+
+def events_of_rank(df: pl.DataFrame, rank: int) -> pl.DataFrame:
+    return df.filter(pl.col("rank") == rank)
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, ensure_ascii=False, default=str)

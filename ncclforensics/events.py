@@ -1,0 +1,355 @@
+"""Sources -> the one event table of a run (DESIGN.md §2), with rank, host and time filled in."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from ncclforensics.errors import UnsafeInputError
+from ncclforensics.ingest import archive, decode
+from ncclforensics.ingest.discover import Source, iter_sources, run_name
+from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+from ncclforensics.model import EVENT_SCHEMA, TEXT_LIMIT, Skipped
+from ncclforensics.parse import blocks, flight_recorder
+from ncclforensics.parse.lines import TAIL_CHARS, FileContext, LineScanner
+from ncclforensics.parse.signatures import load_signatures
+
+MAX_JSON_BYTES = 64 << 20
+# Files beside the logs in a run folder that are not logs: scripts, configs, notes, tensors, images.
+# Their text (`torch.save(...)` in a training script) would pass for evidence. Named explicitly, a
+# file is always read.
+NOT_LOG_SUFFIXES = (
+    ".py", ".pyc", ".ipynb", ".md", ".rst", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".sh", ".sbatch",
+    ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".so", ".o", ".a", ".whl", ".pt", ".pth", ".ckpt", ".bin",
+    ".safetensors", ".npy", ".npz", ".parquet", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf",
+    ".html", ".htm", ".css", ".js", ".lock",
+)
+
+_TORCHRUN_TREE = re.compile(r"(?:^|/)(?P<node>(?:[^/]+/)*?[^/]+)/attempt_(?P<attempt>\d+)/(?P<lr>\d+)/(?P<leaf>[^/]+)$")
+_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[_\-]?(?P<r>\d{1,6})(?![\d])", re.I)
+# node05, gpu-q17, ip-10-0-0-1, worker12.cluster: letters, then a number that ends the short name
+_HOSTISH = re.compile(r"^[A-Za-z][A-Za-z\-_]{0,40}\d[\d\-]{0,20}(?:\.[A-Za-z][\w\-]{0,62}){0,6}$")
+_DMESG_HOST = re.compile(r"^(?:dmesg|kern|syslog|messages)[-_.](?P<host>[A-Za-z][\w.\-]+?)(?:\.(?:log|txt|out))?$")
+_NOT_HOST_DIRS = re.compile(
+    r"^(?:attempt_\d+|\d+|logs?|torchrun_logs|fr_trace\w*|run\w*|job\w*|step\w*|output\w*|tmp|rank\w*|"
+    r"epoch\w*|case\w*|test\w*|exp\w*|v\d+)$", re.I)
+
+
+@dataclass
+class IngestResult:
+    """The event table of a run and what reading it took."""
+
+    run: str
+    events: pl.DataFrame
+    files: int = 0
+    lines: int = 0
+    bytes: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    year_source: str = ""
+
+
+def path_hints(name: str) -> FileContext:
+    """Rank, local rank, host and node key a file's path suggests (FORMATS.md §2.2)."""
+    ctx = FileContext(name=name)
+    parts = name.split("!")[-1].split("/")
+    leaf = parts[-1]
+    m = _TORCHRUN_TREE.search(name)
+    if m is not None and m.group("leaf") in ("stdout.log", "stderr.log", "error.json"):
+        ctx.local_rank = int(m.group("lr"))
+        ctx.node = m.group("node")
+        dirs = m.group("node").split("/")[:-1]  # the part before <run_id>_<random>
+    else:
+        dirs = parts[:-1]
+        rm = _RANK_NAME.search(leaf)
+        if rm is not None:
+            ctx.rank = int(rm.group("r"))
+    dm = _DMESG_HOST.match(leaf)
+    if dm is not None:
+        ctx.host = dm.group("host")
+    for d in reversed(dirs):
+        if _HOSTISH.match(d) and not _NOT_HOST_DIRS.match(d):
+            ctx.host = ctx.host or d
+            break
+    if not ctx.node:
+        ctx.node = ctx.host or ""
+    return ctx
+
+
+class _Chain:
+    """head bytes, then the rest of a stream."""
+
+    def __init__(self, head: bytes, rest) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n < 0:
+                out, self._head = self._head + self._rest.read(), b""
+                return out
+            out, self._head = self._head[:n], self._head[n:]
+            return out
+        return self._rest.read(n)
+
+
+def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
+    """Read every source under `path` into the event table. Raises NoInputError for a missing path."""
+    root = Path(path)
+    result = IngestResult(run=run_name(root), events=pl.DataFrame(schema=EVENT_SCHEMA))
+    scanner = LineScanner(load_signatures())
+    contexts: list[FileContext] = []
+    mtimes: list[float] = []
+    walking = root.is_dir() or archive.is_archive(root.name)
+    for src in iter_sources(root):
+        if src.skipped:
+            result.skipped.append(Skipped(src.name, src.skipped))
+            continue
+        if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
+            result.skipped.append(Skipped(src.name, "not a log (script, config, document or data file)"))
+            continue
+        ctx = path_hints(src.name)
+        try:
+            nbytes = _read_source(src, ctx, scanner)
+        except UnsafeInputError as exc:
+            result.skipped.append(Skipped(src.name, str(exc)))
+            if ctx.rows or ctx.lines:
+                result.notes.append(f"{src.name}: read only in part ({exc})")
+                contexts.append(ctx)
+            continue
+        except decode.BinaryContent as exc:
+            result.skipped.append(Skipped(src.name, str(exc)))
+            continue
+        except OSError as exc:
+            result.skipped.append(Skipped(src.name, f"unreadable ({exc.strerror or exc})"))
+            continue
+        if nbytes == 0 and not ctx.rows:
+            result.skipped.append(Skipped(src.name, "empty file"))
+            continue
+        result.files += 1
+        result.bytes += nbytes
+        result.lines += ctx.lines
+        contexts.append(ctx)
+        if src.mtime:
+            mtimes.append(src.mtime)
+        if progress is not None:
+            progress(src.name, nbytes)
+    rows = [r for c in contexts for r in c.rows + [p for ps in c.progress.values() for p in ps]]
+    result.events, result.year_source = _table(rows, result.run, mtimes)
+    return result
+
+
+def _read_source(src: Source, ctx: FileContext, scanner: LineScanner) -> int:
+    stream = src.stream
+    head = stream.read(decode.HEAD_SIZE)
+    kind = decode.sniff(head)
+    if kind == "gzip" and archive.compression_of(src.name) is None:
+        stream = archive.decompressing(_Chain(head, stream), "gz", src.size, src.name)
+        head = stream.read(decode.HEAD_SIZE)
+        kind = decode.sniff(head)
+    if kind == "empty":
+        return 0
+    leaf = src.name.rsplit("/", 1)[-1]
+    if kind == "pickle":
+        return _read_dump(head + stream.read(flight_recorder.MAX_DUMP_BYTES + 1), ctx, is_pickle=True)
+    if leaf.endswith(".json") and head.lstrip().startswith(b"{"):
+        data = head + stream.read(MAX_JSON_BYTES)
+        used = _read_json(data, ctx)
+        if used is True:
+            return len(data)
+        if used == "document":
+            raise decode.BinaryContent("JSON document, not a log (neither error.json nor a Flight Recorder dump)")
+        stream, head = _Chain(data, stream), b""
+    if kind == "utf-16":
+        chunks = decode.utf16_chunks(stream, head)
+    elif decode.cr_only(head):
+        chunks = decode.iter_chunks(decode.CrToLf(stream), head.replace(b"\r", b"\n"))
+    else:
+        chunks = decode.iter_chunks(stream, head)
+    nbytes = 0
+    line_no = 1
+    prev = last = None
+    for data in chunks:
+        nbytes += len(data)
+        n = scanner.scan_chunk(data, line_no, ctx)
+        prev, last = last, (data, line_no)
+        line_no += n
+    ctx.lines = line_no - 1 + (1 if last is not None and not last[0].endswith(b"\n") else 0)
+    if last is not None:
+        tail = _tail(prev, last)
+        scanner.scan_tail(tail, line_no - tail.count("\n"), ctx)
+    stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
+    return nbytes
+
+
+def _tail(prev: tuple[bytes, int] | None, last: tuple[bytes, int]) -> str:
+    """The file's last TAIL_CHARS bytes, starting on a line boundary, decoded."""
+    data = last[0]
+    if len(data) < TAIL_CHARS and prev is not None:
+        pdata = prev[0]
+        cut = pdata.find(b"\n", max(0, len(pdata) - (TAIL_CHARS - len(data))))
+        if cut >= 0:
+            data = pdata[cut + 1 :] + data
+    elif len(data) > TAIL_CHARS:
+        cut = data.find(b"\n", len(data) - TAIL_CHARS)
+        if cut >= 0:
+            data = data[cut + 1 :]
+    return data.decode("utf-8", "replace")
+
+
+def _read_dump(data: bytes, ctx: FileContext, *, is_pickle: bool) -> int:
+    try:
+        obj = flight_recorder.parse_dump(data, is_pickle=is_pickle)
+    except flight_recorder.UnsafePickle as exc:
+        raise UnsafeInputError(f"pickle refused without running it: {exc}") from None
+    except ValueError as exc:
+        raise UnsafeInputError(str(exc)) from None
+    rank = flight_recorder.rank_from_name(ctx.name)
+    try:
+        rows = flight_recorder.dump_rows(obj, file=ctx.name, rank=rank)
+    except RecursionError:  # str()/json.dumps of a list nested thousands deep
+        raise UnsafeInputError("Flight Recorder dump nested too deeply") from None
+    for row in rows:
+        row.setdefault("host", ctx.host)
+        row["node"] = ctx.node
+        ctx.rows.append(_valid_text(row))
+    return len(data)
+
+
+def _valid_text(row: dict) -> dict:
+    """Lone UTF-16 surrogates (a pickle or a JSON `\\ud800` can carry them) become U+FFFD:
+    a str holding one cannot be written out as UTF-8."""
+    for k, v in row.items():
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                row[k] = v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return row
+
+
+def _read_json(data: bytes, ctx: FileContext) -> bool | str:
+    """A torchrun error.json or a Flight Recorder JSON dump: True. Another JSON document:
+    "document". Not one JSON document (JSON lines, a log): False."""
+    try:
+        obj = json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return False
+    if flight_recorder.looks_like_dump(obj):
+        _read_dump(data, ctx, is_pickle=False)
+        return True
+    if not isinstance(obj, dict) or "message" not in obj:
+        return "document"
+    msg = obj["message"]
+    extra_info = {}
+    if isinstance(msg, dict):
+        extra_info = msg.get("extraInfo") or {}
+        text = str(msg.get("message", ""))
+    else:
+        text = str(msg)
+        extra_info = {"timestamp": obj.get("timestamp")}
+    ts = None
+    try:
+        ts = dt.datetime.fromtimestamp(int(str(extra_info.get("timestamp"))), dt.UTC).replace(tzinfo=None)
+    except (TypeError, ValueError, OverflowError, OSError):
+        pass
+    extra: dict = {"error_file": True}
+    op = None
+    stack = str(extra_info.get("py_callstack") or "")
+    if stack:
+        lines = stack.splitlines()
+        blk, _ = blocks.parse_traceback(lambda k: lines[k] if k < len(lines) else None, 0)
+        if blk is not None:
+            extra["frames"] = blk.extra.get("frames")
+            op = blk.fields.get("op")
+    ctx.rows.append(_valid_text({
+        "file": ctx.name, "line": 1, "ts": ts, "rank": ctx.rank, "local_rank": ctx.local_rank,
+        "host": ctx.host, "node": ctx.node, "source": "torchrun", "kind": "error_file", "op": op,
+        "detail": text[:TEXT_LIMIT], "extra": json.dumps(extra, default=str), "text": text[:TEXT_LIMIT],
+    }))
+    return True
+
+
+def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFrame, str]:
+    cols = list(EVENT_SCHEMA) + ["node"]
+    data = {c: [r.get(c) for r in rows] for c in cols}
+    data["run"] = [run] * len(rows)
+    # year-less stamps (c10 header, torch logging, syslog) take the run's year (FORMATS.md §1.9)
+    years = Counter(t.year for t in data["ts"] if t is not None and t.year != UNKNOWN_YEAR)
+    year_source = "log timestamps"
+    if years:
+        year = years.most_common(1)[0][0]
+    elif mtimes:
+        year = dt.datetime.fromtimestamp(max(mtimes), dt.UTC).year
+        year_source = "file modification time"
+    else:
+        year, year_source = None, "unknown"
+    fixed = []
+    for t in data["ts"]:
+        if t is not None and t.year == UNKNOWN_YEAR:
+            try:
+                t = t.replace(year=year) if year else None
+            except ValueError:  # 29 February in a non-leap year
+                t = None
+        fixed.append(t)
+    data["ts"] = fixed
+    schema = dict(EVENT_SCHEMA)
+    schema["ts"] = pl.Datetime("us")
+    schema["node"] = pl.Utf8
+    schema["source"] = pl.Utf8
+    schema["kind"] = pl.Utf8
+    df = pl.DataFrame(data, schema=schema, strict=False)
+    df = df.with_columns(pl.col("ts").dt.replace_time_zone("UTC"))
+    # one host, one name: NCCL prints the name cut at the first dot, torchrun the FQDN (§10.1)
+    df = df.with_columns(
+        pl.when(pl.col("host").str.contains(r"^\d{1,3}(?:\.\d{1,3}){3}$|:"))
+        .then(pl.col("host"))
+        .otherwise(pl.col("host").str.split(".").list.first())
+        .alias("host"))
+    # the same Flight Recorder dump is often kept twice (pickle and JSON): one row per entry
+    fr = pl.col("kind").is_in(["fr_entry", "fr_status", "fr_pg"])
+    # the timeout line is repeated inside `... terminated with exception:` and `what():` (§3.4):
+    # one timeout per (rank, PG, SeqNum, op) and file
+    wd = (pl.col("kind") == "watchdog_timeout") & pl.col("rank").is_not_null()
+    df = pl.concat([df.filter(~fr & ~wd),
+                    df.filter(fr).unique(subset=["kind", "rank", "pg", "seq", "op", "line"], keep="first",
+                                         maintain_order=True),
+                    df.filter(wd).unique(subset=["file", "rank", "pg", "seq", "op"], keep="first",
+                                         maintain_order=True)])
+    df = _fill_ranks(df)
+    df = df.sort(["ts", "rank", "file", "line"], nulls_last=True, maintain_order=True)
+    df = df.with_columns(pl.col("source").cast(EVENT_SCHEMA["source"]), pl.col("kind").cast(pl.Categorical()))
+    return df.select(list(EVENT_SCHEMA)), year_source
+
+
+def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
+    """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
+    if df.is_empty():
+        return df
+    # (node, local_rank) -> rank, from rows that carry both (tee + rank prefix, ChildFailedError)
+    pairs = (df.filter(pl.col("rank").is_not_null() & pl.col("local_rank").is_not_null())
+             .group_by(["node", "local_rank"]).agg(pl.col("rank").mode().first().alias("_r")))
+    df = df.join(pairs, on=["node", "local_rank"], how="left")
+    df = df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
+    # a single-node run: local rank == global rank
+    nodes = df.filter(pl.col("local_rank").is_not_null())["node"].unique().to_list()
+    hosts = df["host"].drop_nulls().unique().to_list()
+    if len(nodes) <= 1 and len(hosts) <= 1:
+        df = df.with_columns(pl.coalesce("rank", "local_rank").alias("rank"))
+    # worker pid -> rank (ChildFailedError, error.json, worker_failed lines carry pids)
+    pid_map = (df.filter(pl.col("rank").is_not_null() & pl.col("pid").is_not_null())
+               .group_by("pid").agg(pl.col("rank").mode().first().alias("_r")))
+    df = df.join(pid_map, on="pid", how="left")
+    df = df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
+    # and rank -> host, where some line of that rank named its host
+    host_map = (df.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
+                .group_by("rank").agg(pl.col("host").mode().first().alias("_h")))
+    df = df.join(host_map, on="rank", how="left")
+    return df.with_columns(pl.coalesce("host", "_h").alias("host")).drop("_h")

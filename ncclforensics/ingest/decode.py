@@ -1,0 +1,111 @@
+"""Bytes -> text chunks on line boundaries: sniff binary, decode UTF-8/UTF-16, keep line numbers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import BinaryIO
+
+CHUNK_SIZE = 16 << 20
+HEAD_SIZE = 64 << 10
+UTF16_CAP = 512 << 20
+PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+_ALLOWED_CTRL = bytes([9, 10, 11, 12, 13, 27])
+_CTRL = bytes(range(32)).translate(None, _ALLOWED_CTRL)
+_NUL_RUN = re.compile(rb"\x00{64,}")
+
+
+class BinaryContent(Exception):
+    """The source is not text; the message says what it looks like."""
+
+
+def sniff(head: bytes) -> str:
+    """'text', 'utf-16', 'gzip', 'pickle' or 'empty'; BinaryContent for anything else."""
+    if not head:
+        return "empty"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip"
+    if head.startswith(PICKLE_MAGIC):
+        return "pickle"
+    sample = head[:8192]
+    nul = sample.count(0)
+    if nul > len(sample) // 10:
+        # A run of zeros is a hole (a log cut short by a crash, a preallocated file), not binary
+        # content: judge the bytes around the holes. A file that is all holes stays binary.
+        dense = _NUL_RUN.sub(b"", head)[:8192]
+        if not dense or dense.count(0) > len(dense) // 10:
+            raise BinaryContent("binary file (NUL bytes)")
+        sample = dense
+        nul = sample.count(0)
+    ctrl = len(sample) - len(sample.translate(None, _CTRL))
+    if ctrl - nul > len(sample) // 10:
+        raise BinaryContent("binary file (control bytes)")
+    high = sum(sample.count(bytes([b])) for b in range(0xF8, 0x100))
+    if high > len(sample) // 20:  # bytes never valid in UTF-8 and rare in latin-1 text
+        raise BinaryContent("binary file (not text)")
+    # Random or compressed bytes pass the tests above (~10% control bytes, ~3% in F8-FF) but
+    # are mostly invalid UTF-8 *and* hold control bytes; latin-1 or GBK text holds none.
+    if ctrl > len(sample) // 100 and sample.decode("utf-8", "replace").count("\ufffd") > len(sample) // 10:
+        raise BinaryContent("binary file (not text)")
+    return "text"
+
+
+def decode_bytes(data: bytes) -> str:
+    if b"\x00" in data:
+        data = data.translate(None, b"\x00")  # 30x faster than replace() on a run of zeros
+    return data.decode("utf-8", "replace")
+
+
+def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+    """Byte chunks of `head` + the rest of `stream`, each ending on a line boundary (NULs removed).
+
+    Text stays bytes on the bulk path: polars validates UTF-8 ~20x faster than bytes.decode, and only
+    the few blocks with candidate lines are decoded in Python. A line longer than `chunk_size` is cut:
+    the chunk then does not end with a newline and the next chunk continues that line.
+    """
+    carry = head
+    while True:
+        data = stream.read(chunk_size)
+        if not data:
+            if carry:
+                yield _clean(carry)
+            return
+        buf = carry + data if carry else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            if len(buf) < chunk_size:
+                carry = buf
+                continue
+            yield _clean(buf)
+            carry = b""
+            continue
+        body, carry = buf[: cut + 1], buf[cut + 1 :]
+        yield _clean(body)
+
+
+def _clean(data: bytes) -> bytes:
+    # translate, not replace: 30x faster on a run of zeros (2 GiB hole: ~1 s instead of ~30 s)
+    return data.translate(None, b"\x00") if b"\x00" in data else data
+
+
+def utf16_chunks(stream: BinaryIO, head: bytes) -> Iterator[bytes]:
+    data = head + stream.read(UTF16_CAP)
+    yield data.decode("utf-16", "replace").replace("\x00", "").encode("utf-8")
+
+
+def cr_only(head: bytes) -> bool:
+    """A file whose lines end with a lone CR (no LF in its head): treat CR as the line end."""
+    return b"\n" not in head and b"\r" in head
+
+
+class CrToLf:
+    """Stream wrapper that turns every CR into LF (for CR-only files)."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self._inner = inner
+
+    def read(self, n: int = -1) -> bytes:
+        return self._inner.read(n).replace(b"\r", b"\n")

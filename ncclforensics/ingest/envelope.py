@@ -1,0 +1,313 @@
+"""Peel line envelopes (FORMATS.md §1): launcher prefixes, rank prefixes, headers, timestamps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+# ANSI colour codes, also with the ESC byte lost in a copy-paste (`[31m`, `ERROR[0m`): an SGR
+# code of 1-3 digit numbers; `[10m]` (a duration in brackets) is text, not colour.
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB012]|\[\d{1,3}(?:;\d{1,3}){0,5}m(?!\])")
+
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+UNKNOWN_YEAR = 1  # placeholder year for year-less stamps; events.py substitutes the run's year
+
+# Each peeler: (name, compiled regex anchored at the start). Order only matters for speed;
+# the loop retries all until none matches (envelopes nest in any order in the wild).
+_PEELERS: list[tuple[str, re.Pattern[str]]] = [
+    # torchrun --tee `[default3]:`, other roles `[worker3]:`, `[default3|1]:`
+    ("tee", re.compile(r"\[(?!rank\d)(?P<role>[A-Za-z_][\w\-]*?)(?P<lr>\d+)(?:\|\d+)?\]:")),
+    # `[rank11]:` (C++) / `[rank11]: ` (Python uncaught exception, 2.4+)
+    ("rank", re.compile(r"\[rank(?P<gr>\d+)\]: ?")),
+    # c10 header: `[E0914 02:11:53.518220741 ProcessGroupNCCL.cpp:665] ` and `[E ProcessGroupNCCL.cpp:833] `
+    ("c10", re.compile(
+        r"\[(?P<sev>[FEWIV])(?:(?P<mmdd>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d)\.\d{6,9})? "
+        r"(?P<src>[A-Za-z0-9_.\-]+):\d+\] (?:\[c10d\] )?")),
+    # torch Python logging 2.3+: `W1122 07:44:17.428000 873 torch/distributed/run.py:874] `
+    ("pylog", re.compile(
+        r"(?P<sev>[VIWEC])(?P<mmdd>\d{4}) (?P<hms>\d\d:\d\d:\d\d)\.(?P<us>\d{6}) +(?P<pid>\d+) "
+        r"(?P<path>[^\s:\]]+):\d+\] ?")),
+    # torch Python logging 2.1-2.2: `[2025-02-17 06:30:12,408] torch.distributed.x: [WARNING] `
+    ("pylog21", re.compile(
+        r"\[(?P<date>\d{4}-\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d),(?P<ms>\d{3})\] (?P<logger>[\w.]+): "
+        r"\[(?P<lvl>[A-Z]+)\] ")),
+    # torch Python logging <=2.0: `ERROR:torch.distributed.elastic.multiprocessing.api:`
+    ("pylog20", re.compile(r"(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<logger>[\w.]+):(?=\S)")),
+    # MPI --tag-output `[1,7]<stderr>:` (the job part's rendering varies), --timestamp-output
+    # `[<datetime>]<stdout>:`
+    ("mpi", re.compile(
+        r"\[(?:(?P<job>[^,\[\]]{1,64}),(?P<mr>\d+)|(?P<mts>[^\[\]]{1,40}))\]<(?:stdout|stderr|stddiag)>: ?")),
+    # Ray `(RayWorkerWrapper pid=61833, ip=10.42.7.19) `; tasks print `(pid=61833) `
+    ("ray", re.compile(r"\((?:(?P<actor>[\w.]+) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\w.:\-]+))?\) ")),
+    # dmesg raw `[ 912734.602118] `
+    ("uptime", re.compile(r"\[ *(?P<up>\d+\.\d{3,9})\] ")),
+    # dmesg -T `[Tue Jun 10 03:17:42 2025] `
+    ("ctime", re.compile(
+        r"\[(?:\w{3}) (?P<mon>\w{3}) +(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ")),
+    # dmesg --decode columns `kern  :err   : `
+    ("facility", re.compile(r"(?:kern|user|daemon|syslog|auth) *:(?:emerg|alert|crit|err|warn|notice|info|debug) *: ")),
+    # ISO-ish: `2025-06-10T03:17:42,604118+02:00 `, `2025-09-14 02:11:53 `, `2026-11-22 07:44:19,330 `,
+    # and bracketed `[2025-07-30 11:04:58] ` (NCCL >= 2.26 WARN lines)
+    ("iso", re.compile(
+        r"\[?(?P<date>\d{4}-\d\d-\d\d)[T ](?P<hms>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d{1,9}))?"
+        r"(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:? ")),
+    # US-style app stamp `11/22/2026 07:50:18 `
+    ("usdate", re.compile(r"(?P<m>\d\d)/(?P<d>\d\d)/(?P<year>\d{4}) (?P<hms>\d\d:\d\d:\d\d)(?:[.,]\d+)? ")),
+    # syslog / journal `Jun 10 03:17:42 gpu-q17 kernel: `
+    ("syslog", re.compile(
+        r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
+        r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d{1,6})? (?P<host>[\w.\-]+) (?:kernel|[\w.\-]+(?:\[\d+\])?): ")),
+    # journalctl -o short-iso / rsyslog RFC 3339: the ISO stamp peels first, then `gpu-q17 kernel: `
+    ("kernhost", re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]{0,253}) kernel: ")),
+    # /dev/kmsg `4,88213,912734602118,-;` (prio is facility*8+level; newer kernels add `,caller=T12`)
+    ("kmsg", re.compile(r"\d{1,3},\d+,(?P<usboot>\d+),[^;]{0,40};")),
+    # srun --label ` 7: ` / `P1 7: `; the line after it may start with spaces (traceback frames)
+    ("srun", re.compile(r"(?:P\d+ +)? *(?P<task>\d{1,6}): (?=[^\n])")),
+    # app formats: `- train - INFO - `, `INFO `, `INFO: `, `[Rank 0/4] `, `[rank 0] `, `[rank1] `
+    ("applvl", re.compile(r"(?:- [\w.]+ - )?(?P<lvl>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?: -|:)? (?=\S)")),
+    # (a c10d `[Rank 3] ` has no slash and names a group rank: it stays in the body, §1.5)
+    ("apprank", re.compile(r"\[(?:Rank (?P<ar>\d+)/(?P<aw>\d+)|rank ?(?P<ar2>\d+))\] ")),
+    # torchrun --log-line-prefix-template "${hostname}:${rank}: "; not a Python warning
+    # `train.py:45: UserWarning: …`
+    ("hostrank", re.compile(
+        r"(?P<host>[A-Za-z][\w.\-]{0,253})(?<!\.py):(?P<gr>\d{1,6}): (?![\w.]*(?:Warning|Error)\b)(?=[^\n])")),
+    # viewer line numbers `[40218] `
+    ("lineno", re.compile(r"\[\d{1,9}\] (?=\S)")),
+]
+
+# NCCL_DEBUG line head: `gpu-q17:58213:58391 [5] ` before `NCCL INFO|WARN` or `<file>:<line> NCCL WARN`.
+NCCL_HEAD = re.compile(
+    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) (?:\[(?P<dev>\d+)\] )?(?:[\d.]+ )?"
+    r"(?=(?:[\w./\-]+:\d+ (?:\(\w+\) )?)?NCCL (?:INFO|WARN|TRACE|CALL|ERROR)\b)")
+NCCL_SRC = re.compile(r"[\w./\-]+:\d+ (?:\(\w+\) )?(?=NCCL )")
+
+# An envelope start glued behind a progress bar: `...loss=0.712][rank0]:[E0114 ...`, also a torch
+# Python logging header `W1122 07:44:23.407000 873 torch/…:1028] `
+_GLUED = re.compile(
+    r"\[(?:rank\d+|default\d+)\]:|\[[FEWIV]\d{3,4} \d\d:\d\d:\d\d\.\d{6,9} "
+    r"|(?<![\w.])[VIWEC]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [^\s:\]]+:\d+\] ")
+# What a later piece of one physical line (after a CR or a glued envelope) takes over from the
+# piece before it when it has no value of its own: the same writer produced both.
+_INHERITED = ("host", "pid", "ts", "task", "rank", "local_rank", "world")
+_LAUNCHERS = ("tee", "mpi", "ray", "srun", "hostrank")
+
+PID_MAX = 4_194_304  # above this, a pylog number is a thread id (torch 2.3-2.4), not a pid
+AGENT_PATHS = ("torch/distributed/run.py", "torch/distributed/elastic", "torch/distributed/launcher")
+
+
+class Envelope:
+    """What the prefixes of one line told: rank, host, time, level, and the message body."""
+
+    __slots__ = (
+        "agent",
+        "body",
+        "host",
+        "key",
+        "local_rank",
+        "nccl_dev",
+        "outer",
+        "pid",
+        "rank",
+        "sev",
+        "task",
+        "ts",
+        "uptime",
+        "world",
+    )
+
+    def __init__(self) -> None:
+        self.body = ""
+        self.rank: int | None = None
+        self.local_rank: int | None = None
+        self.host: str | None = None
+        self.pid: int | None = None
+        self.ts: dt.datetime | None = None
+        self.sev: str | None = None
+        self.task: int | None = None
+        self.world: int | None = None
+        self.agent = False
+        self.key = ""  # the launcher/rank prefix text, to group multi-line blocks per writer
+        self.outer = ""  # the launcher part of `key` (srun, MPI, Ray, tee, host:rank), no rank prefix
+        self.uptime: float | None = None
+        self.nccl_dev: int | None = None
+
+
+def _mmdd(mmdd: str, hms: str, frac_us: int = 0) -> dt.datetime | None:
+    try:
+        month, day = divmod(int(mmdd), 100)
+        h, m, s = (int(x) for x in hms.split(":"))
+        return dt.datetime(UNKNOWN_YEAR, month, day, h, m, s, frac_us)
+    except ValueError:
+        return None
+
+
+def _date(date: str, hms: str, frac: str | None = None) -> dt.datetime | None:
+    try:
+        y, mo, d = (int(x) for x in date.split("-"))
+        h, m, s = (int(x) for x in hms.split(":"))
+        us = int((frac or "0")[:6].ljust(6, "0"))
+        return dt.datetime(y, mo, d, h, m, s, us)
+    except ValueError:
+        return None
+
+
+def _tz(ts: dt.datetime | None, tz: str | None) -> dt.datetime | None:
+    if ts is None or not tz or tz == "Z":
+        return ts
+    sign = -1 if tz[0] == "-" else 1
+    hh, mm = int(tz[1:3]), int(tz[-2:])
+    try:
+        return ts - sign * dt.timedelta(hours=hh, minutes=mm)
+    except OverflowError:  # a stamp at the edge of time (year 1, year 9999): keep it unshifted
+        return ts
+
+
+def peel(line: str) -> Envelope:
+    """Strip every envelope from `line` (ANSI already removed), recording what each tells."""
+    env = Envelope()
+    pos = 0
+    key_parts: list[str] = []
+    outer_parts: list[str] = []
+    n = len(line)
+    for _ in range(12):  # bounded: each pass removes at least one envelope
+        if pos >= n:
+            break
+        hit = False
+        for name, rx in _PEELERS:
+            m = rx.match(line, pos)
+            if m is None or m.end() == pos:
+                continue
+            if _apply(env, name, m):
+                pos = m.end()
+                if name == "rank" or name in _LAUNCHERS:
+                    key_parts.append(m.group())
+                if name in _LAUNCHERS:
+                    outer_parts.append(m.group())
+                hit = True
+                break
+        if not hit:
+            m = NCCL_HEAD.match(line, pos)
+            if m is not None:
+                env.host = env.host or m.group("host")
+                env.pid = int(m.group("pid"))
+                # the NCCL process is a writer of its own: its lines never continue another line
+                key_parts.append(f"{m.group('host')}:{m.group('pid')} ")
+                if m.group("dev") is not None:
+                    env.nccl_dev = int(m.group("dev"))
+                pos = m.end()
+                s = NCCL_SRC.match(line, pos)
+                if s is not None:
+                    pos = s.end()
+            break
+    env.key = "".join(key_parts)
+    env.outer = "".join(outer_parts)
+    env.body = line[pos:]
+    return env
+
+
+def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
+    g = m.group
+    if name == "tee":
+        if env.local_rank is None:
+            env.local_rank = int(g("lr"))
+    elif name in ("rank", "hostrank"):
+        if name == "hostrank" and (env.sev is not None or env.rank is not None):
+            return False
+        if env.rank is None:
+            env.rank = int(g("gr"))
+        if name == "hostrank":
+            env.host = env.host or g("host")
+    elif name == "c10":
+        env.sev = env.sev or g("sev")
+        if g("mmdd") and env.ts is None:
+            env.ts = _mmdd(g("mmdd"), g("hms"))  # the ns fraction is monotonic, not wall time
+    elif name == "pylog":
+        env.sev = env.sev or g("sev")
+        if env.ts is None:
+            env.ts = _mmdd(g("mmdd"), g("hms"), int(g("us")))
+        path = g("path")
+        env.agent = env.agent or path.startswith(AGENT_PATHS) or "/torch/distributed/elastic" in path
+        pid = int(g("pid"))
+        if pid <= PID_MAX and env.pid is None:
+            env.pid = pid
+    elif name == "pylog21":
+        if env.ts is None:
+            env.ts = _date(g("date"), g("hms"), g("ms") + "000")
+        env.sev = env.sev or g("lvl")[0]
+        env.agent = env.agent or g("logger").startswith("torch.distributed")
+    elif name == "pylog20":
+        env.sev = env.sev or g("lvl")[0]
+        env.agent = env.agent or g("logger").startswith("torch.distributed")
+    elif name == "mpi":
+        if env.rank is None and g("mr") is not None:
+            env.rank = int(g("mr"))
+    elif name == "ray":
+        env.pid = env.pid or int(g("pid"))
+        env.host = env.host or g("ip")
+    elif name == "uptime":
+        env.uptime = float(g("up"))
+    elif name == "ctime":
+        if env.ts is None and g("mon") in _MONTHS:
+            env.ts = _date(f"{g('year')}-{_MONTHS[g('mon')]:02d}-{int(g('day')):02d}", g("hms"))
+    elif name == "iso":
+        if env.ts is None:
+            env.ts = _tz(_date(g("date"), g("hms"), g("frac")), g("tz"))
+    elif name == "usdate":
+        if env.ts is None:
+            env.ts = _date(f"{g('year')}-{g('m')}-{g('d')}", g("hms"))
+    elif name == "syslog":
+        if env.ts is None:
+            env.ts = _mmdd(f"{_MONTHS[g('mon')]}{int(g('day')):02d}", g("hms"))
+        env.host = env.host or g("host")
+    elif name == "kernhost":
+        if env.ts is None or env.host is not None:
+            return False  # only right after a syslog-style ISO stamp
+        env.host = g("host")
+    elif name == "kmsg":
+        env.uptime = int(g("usboot")) / 1e6
+    elif name == "srun":
+        if (env.task is not None or env.rank is not None or env.local_rank is not None
+                or env.sev is not None):
+            return False  # a label comes first; a number later in the line is message text
+        env.task = int(g("task"))
+    elif name == "applvl":
+        env.sev = env.sev or g("lvl")[0]
+    elif name == "apprank":
+        if env.rank is None:
+            env.rank = int(g("ar") or g("ar2"))
+        if g("aw"):
+            env.world = int(g("aw"))
+    return True
+
+
+def peel_all(line: str) -> list[Envelope]:
+    """Envelopes of one physical line: split at CRs (progress bars) and at an envelope start
+    glued behind progress-bar text (FORMATS.md §1.8). A later piece takes over what the piece
+    before it knew (launcher prefix, rank, time) unless it carries its own."""
+    segments = [p for p in line.split("\r") if p.strip()] if "\r" in line else [line]
+    out: list[Envelope] = []
+    for seg in segments:
+        env = peel(seg)
+        if out:
+            _inherit(env, out[-1])
+        out.append(env)
+        for _ in range(8):  # bounded: a few glued headers per line at most
+            m = _GLUED.search(env.body, 1)
+            if m is None:
+                break
+            tail = peel(env.body[m.start():])
+            env.body = env.body[: m.start()]
+            _inherit(tail, env)
+            out.append(tail)
+            env = tail
+    return out
+
+
+def _inherit(env: Envelope, before: Envelope) -> None:
+    for attr in _INHERITED:
+        if getattr(env, attr) is None:
+            setattr(env, attr, getattr(before, attr))
+    if before.outer and not env.key.startswith(before.outer):
+        env.key = before.outer + env.key
+        env.outer = before.outer + env.outer

@@ -1,0 +1,80 @@
+"""Machine-readable output: the --json contract (DESIGN.md §4) and the event table as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import polars as pl
+
+from ncclforensics import __version__
+
+SCHEMA_VERSION = 1
+
+
+def _iso(ts) -> str | None:
+    if ts is None:
+        return None
+    return ts.strftime("%Y-%m-%dT%H:%M:%S") + (f".{ts.microsecond:06d}" if ts.microsecond else "") + "Z"
+
+
+def events_json(df: pl.DataFrame) -> str:
+    """A JSON array, one object per row, keys = the schema's column names."""
+    out = df.with_columns(pl.col("source").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8))
+    rows = out.to_dicts()
+    for r in rows:
+        r["ts"] = _iso(r["ts"])
+    return json.dumps(rows, ensure_ascii=False, indent=None) + "\n"
+
+
+def summary_line(res) -> str:
+    df = res.events
+    kinds = Counter(df["kind"].cast(pl.Utf8).to_list()) if not df.is_empty() else Counter()
+    top = ", ".join(f"{k} {n}" for k, n in kinds.most_common(8))
+    ranks = df["rank"].drop_nulls().unique().len() if not df.is_empty() else 0
+    hosts = df["host"].drop_nulls().unique().len() if not df.is_empty() else 0
+    skipped = f", {len(res.skipped)} skipped" if res.skipped else ""
+    return (f"{res.files} files read{skipped}, {res.lines:,} lines, {df.height} events"
+            f" ({top or 'none'}), {ranks} ranks, {hosts} hosts")
+
+
+def tool_version() -> str:
+    return __version__
+
+
+def _evidence(e) -> dict:
+    return {"file": e.file, "line": e.line, "rank": e.rank, "host": e.host, "ts": e.ts, "text": e.text}
+
+
+def diagnosis_dict(diag, reproducer=None) -> dict:
+    """The --json document (DESIGN.md §4): stable keys, always present."""
+    v = diag.verdict
+    f = diag.facts
+    ff = diag.first_failure
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "run": {
+            "path": f.path, "files": f.files, "lines": f.lines, "world_size": f.world_size,
+            "ranks_seen": f.ranks_seen, "hosts": f.hosts, "versions": f.versions,
+            "skipped": [{"file": s.file, "reason": s.reason} for s in f.skipped],
+            "notes": f.notes,
+        },
+        "verdict": {
+            "class": v.root_cause.value, "confidence": v.confidence, "rule": v.rule or None,
+            "title": v.title, "summary": v.message,
+            "culprit_ranks": sorted(v.culprit_ranks), "culprit_hosts": v.culprit_hosts,
+            "collective": {"pg": v.collective.pg, "op_type": v.collective.op_type, "seq": v.collective.seq},
+            "first_failure": ({"ts": ff.ts, "rank": ff.rank, "file": ff.file, "line": ff.line} if ff else None),
+            "missing": diag.missing,
+        },
+        "findings": [
+            {"class": x.root_cause.value, "rule": x.rule or None, "role": x.role.value, "confidence": x.confidence,
+             "title": x.title, "message": x.message, "culprit_ranks": sorted(x.culprit_ranks),
+             "evidence": [_evidence(e) for e in x.evidence]}
+            for x in diag.findings
+        ],
+        "ranks": diag.ranks,
+        "fixes": [{"title": x.title, "why": x.why, "code": x.code} for x in v.fixes],
+        "reproducer": ({"command": reproducer.command, "script": reproducer.script} if reproducer else None),
+    }

@@ -1,0 +1,229 @@
+"""The vocabulary shared by every stage: event schema, root causes, findings and the diagnosis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import polars as pl
+
+SOURCES = (
+    "nccl", "c10d", "gloo", "torch_detail", "torchrun", "dataloader", "cuda",
+    "python", "kernel", "slurm", "app", "flight_recorder",
+)
+
+# Column -> dtype of the one event table (DESIGN.md §2). `group_rank` and `extra` are our
+# additions: the rank inside the process group a c10d message names, and a JSON object of
+# the typed fields a signature captures that have no column of their own.
+EVENT_SCHEMA: dict[str, pl.DataType] = {
+    "run": pl.Utf8,
+    "file": pl.Utf8,
+    "line": pl.UInt32,
+    "ts": pl.Datetime("us", "UTC"),
+    "host": pl.Utf8,
+    "rank": pl.Int32,
+    "local_rank": pl.Int32,
+    "group_rank": pl.Int32,
+    "pg": pl.Utf8,
+    "pid": pl.Int64,
+    "source": pl.Enum(list(SOURCES)),
+    "kind": pl.Categorical(),
+    "seq": pl.Int64,
+    "op": pl.Utf8,
+    "numel_in": pl.Int64,
+    "numel_out": pl.Int64,
+    "timeout_ms": pl.Int64,
+    "elapsed_ms": pl.Int64,
+    "code": pl.Int64,
+    "detail": pl.Utf8,
+    "extra": pl.Utf8,
+    "text": pl.Utf8,
+}
+
+INT_COLUMNS = frozenset(
+    c for c, t in EVENT_SCHEMA.items() if t in (pl.Int32, pl.Int64, pl.UInt32)
+)
+TEXT_LIMIT = 2000  # characters of a raw line kept in `text`
+
+
+class RootCause(StrEnum):
+    RANK_DIVERGENCE = "rank_divergence"
+    CHECKPOINT_SAVE = "checkpoint_save"
+    NETWORK_INIT = "network_init"
+    DATALOADER_ABORT = "dataloader_abort"
+    GPU_HARDWARE = "gpu_hardware"
+    OOM = "oom"
+    RANK_CRASH = "rank_crash"
+    NETWORK_RUNTIME = "network_runtime"
+    LAUNCH_CONFIG = "launch_config"
+    UNKNOWN = "unknown"
+
+
+RULE_PREFIX = {
+    RootCause.RANK_DIVERGENCE: "RD",
+    RootCause.CHECKPOINT_SAVE: "CK",
+    RootCause.NETWORK_INIT: "NI",
+    RootCause.DATALOADER_ABORT: "DL",
+    RootCause.GPU_HARDWARE: "HW",
+    RootCause.OOM: "OM",
+    RootCause.RANK_CRASH: "RC",
+    RootCause.NETWORK_RUNTIME: "NR",
+    RootCause.LAUNCH_CONFIG: "LC",
+}
+
+
+class Role(StrEnum):
+    ROOT = "root"
+    CASCADE = "cascade"
+    CONTEXT = "context"
+
+
+# OpType names as WorkNCCL prints them (FORMATS.md §3.3).
+OP_TYPES = frozenset({
+    "BROADCAST", "ALLREDUCE", "ALLREDUCE_COALESCED", "REDUCE", "ALLGATHER", "_ALLGATHER_BASE",
+    "ALLGATHER_COALESCED", "GATHER", "SCATTER", "REDUCE_SCATTER", "ALLTOALL_BASE", "ALLTOALL",
+    "SEND", "RECV", "RECVANYSOURCE", "BARRIER", "_REDUCE_SCATTER_BASE", "COALESCED",
+    "_ALLREDUCE_SPARSE", "REDUCE_SCATTER_TENSOR_COALESCED", "ALLGATHER_INTO_TENSOR_COALESCED",
+    "UNKNOWN",
+})
+
+# Flight Recorder / profiler names -> OpType (FORMATS.md §3.3, §15.2).
+PROFILING_OPS = {
+    "all_reduce": "ALLREDUCE", "allreduce": "ALLREDUCE", "all_reduce_coalesced": "ALLREDUCE_COALESCED",
+    "allreduce_coalesced": "ALLREDUCE_COALESCED", "broadcast": "BROADCAST", "reduce": "REDUCE",
+    "all_gather": "ALLGATHER", "allgather": "ALLGATHER", "_all_gather_base": "_ALLGATHER_BASE",
+    "_allgather_base": "_ALLGATHER_BASE", "all_gather_into_tensor_coalesced": "ALLGATHER_INTO_TENSOR_COALESCED",
+    "allgather_coalesced": "ALLGATHER_COALESCED", "gather": "GATHER", "scatter": "SCATTER",
+    "reduce_scatter": "REDUCE_SCATTER", "_reduce_scatter_base": "_REDUCE_SCATTER_BASE",
+    "reduce_scatter_tensor_coalesced": "REDUCE_SCATTER_TENSOR_COALESCED", "all_to_all": "ALLTOALL",
+    "alltoall": "ALLTOALL", "alltoall_base": "ALLTOALL_BASE", "all_to_all_single": "ALLTOALL_BASE",
+    "barrier": "BARRIER", "send": "SEND", "recv": "RECV", "recv_any_source": "RECVANYSOURCE",
+    "coalesced": "COALESCED",
+}
+
+# Python call names in a traceback frame -> the collective it issues (gloo prints no OpType).
+CALL_OPS = {
+    "all_reduce": "ALLREDUCE", "barrier": "BARRIER", "broadcast": "BROADCAST", "all_gather": "ALLGATHER",
+    "all_gather_into_tensor": "_ALLGATHER_BASE", "reduce_scatter_tensor": "_REDUCE_SCATTER_BASE",
+    "reduce_scatter": "REDUCE_SCATTER", "gather": "GATHER", "scatter": "SCATTER", "reduce": "REDUCE",
+    "all_to_all": "ALLTOALL", "all_to_all_single": "ALLTOALL_BASE", "all_gather_object": "ALLGATHER",
+    "broadcast_object_list": "BROADCAST", "gather_object": "GATHER", "monitored_barrier": "BARRIER",
+    "_engine_run_backward": "ALLREDUCE", "run_backward": "ALLREDUCE",  # DDP gradient all-reduce
+    "send": "SEND", "recv": "RECV",
+}
+
+
+def rank_ranges(ranks: list[int] | tuple[int, ...], *, limit: int = 12, count: bool = True) -> str:
+    """[0,1,2,3,7,9,10] -> '0–3, 7, 9, 10 (7 ranks)'; past `limit` spans: '…, … (N ranks)'."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return ""
+    spans: list[tuple[int, int]] = []
+    for r in rs:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], r)
+        else:
+            spans.append((r, r))
+    parts = [str(a) if a == b else (f"{a}, {b}" if b == a + 1 else f"{a}–{b}") for a, b in spans]
+    text = ", ".join(parts[:limit])
+    if len(parts) > limit:
+        text += f", … ({len(rs)} ranks)"
+    elif count and len(rs) > 1 and len(spans) < len(rs):
+        text += f" ({len(rs)} ranks)"
+    return text
+
+
+def json_object(s: str | None) -> dict:
+    """The `extra` column's JSON object, or {} (absent, malformed or not an object)."""
+    if not s:
+        return {}
+    try:
+        v = json.loads(s)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def op_from_profiling_name(name: str | None) -> str | None:
+    """`nccl:all_reduce`, `gloo:barrier`, `nccl:send 0->1` -> OpType, or None."""
+    if not name:
+        return None
+    base = name.split(":", 1)[-1].split(" ", 1)[0].strip().lower()
+    return PROFILING_OPS.get(base)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Evidence:
+    file: str
+    line: int
+    text: str
+    rank: int | None = None
+    host: str | None = None
+    ts: str | None = None
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class Fix:
+    title: str
+    why: str
+    code: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    pg: str | None = None
+    op_type: str | None = None
+    seq: int | None = None
+
+
+@dataclass
+class Finding:
+    root_cause: RootCause
+    rule: str
+    title: str
+    message: str
+    confidence: float
+    culprit_ranks: list[int] = field(default_factory=list)
+    culprit_hosts: list[str] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    collective: Collective = field(default_factory=Collective)
+    ts: object | None = None  # datetime of the finding's key event, for causal order
+    role: Role = Role.ROOT
+    fixes: list[Fix] = field(default_factory=list)
+    doc: dict[str, str] = field(default_factory=dict)
+    reproducer: str | None = None
+    params: dict[str, object] = field(default_factory=dict)  # validated values for the reproducer
+    yields_to: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    path: str
+    files: int
+    lines: int
+    bytes: int
+    world_size: int | None
+    ranks_seen: list[int]
+    hosts: list[str]
+    versions: dict[str, str]
+    skipped: list[Skipped]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Diagnosis:
+    facts: RunFacts
+    verdict: Finding
+    findings: list[Finding]
+    ranks: list[dict]  # per rank x PG frontier rows, as in the --json contract
+    first_failure: Evidence | None = None
+    missing: str | None = None  # what log would settle an uncertain verdict

@@ -1,0 +1,233 @@
+"""Analysis -> the typed view-model the report templates and charts read (never a dataframe)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from ncclforensics.model import Evidence, Finding, RootCause
+from ncclforensics.report.chartdata import FrontierView, TimelineView, frontier_view, timeline_view
+from ncclforensics.report.words import (
+    collective_text,
+    confidence_word,
+    culprit_text,
+    fmt_ts,
+    human_bytes,
+    names,
+    rank_ranges,
+    short,
+)
+from ncclforensics.rules.loader import DOC_SECTIONS, rule_by_id
+
+# What each root cause means, in the words a tired on-call engineer wants first (DESIGN.md §3).
+PLAIN = {
+    RootCause.RANK_DIVERGENCE: "The ranks took different code paths",
+    RootCause.CHECKPOINT_SAVE: "A checkpoint save held up the other ranks",
+    RootCause.NETWORK_INIT: "The ranks could not connect at start-up",
+    RootCause.DATALOADER_ABORT: "A DataLoader worker died",
+    RootCause.GPU_HARDWARE: "A GPU or its link failed",
+    RootCause.OOM: "A process ran out of memory",
+    RootCause.RANK_CRASH: "A training process crashed",
+    RootCause.NETWORK_RUNTIME: "The network failed during training",
+    RootCause.LAUNCH_CONFIG: "The launch or environment is misconfigured",
+    RootCause.UNKNOWN: "Not enough evidence for a root cause",
+}
+DOC_HEADINGS = {
+    "what_it_detects": "What the rule saw",
+    "why_it_happens": "Why this happens",
+    "known_false_positives": "When this could be wrong",
+    "what_would_settle_it": "What would settle it",
+}
+ROLE_TEXT = {
+    "root": "root cause",
+    "cascade": "consequence of the root",
+    "context": "context",
+}
+MAX_EVIDENCE = 12
+MAX_FILES = 40
+
+
+# -- view-model ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvidenceView:
+    where: str  # file:line
+    rank: str
+    host: str
+    time: str
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class DocSection:
+    heading: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FixView:
+    title: str
+    why: str
+    code: str
+
+
+@dataclass(frozen=True)
+class FindingView:
+    role: str
+    role_text: str
+    root_cause: str
+    rule: str
+    title: str
+    message: str
+    confidence: str
+    culprits: str
+    evidence: tuple[EvidenceView, ...]
+
+
+@dataclass(frozen=True)
+class VerdictView:
+    root_cause: str
+    plain: str
+    title: str
+    summary: str
+    rule: str
+    confidence: str  # "0.90"
+    confidence_word: str
+    culprits: str
+    has_culprit: bool
+    collective: str
+    first_failure: str
+    what_would_change: str
+    what_would_change_label: str
+
+
+@dataclass(frozen=True)
+class ReproView:
+    command: str
+    script: str
+    world_size: int | None
+
+
+@dataclass(frozen=True)
+class FileCount:
+    file: str
+    events: int
+
+
+@dataclass(frozen=True)
+class FactsView:
+    path: str
+    files: int
+    lines: str
+    size: str
+    world_size: str
+    ranks_seen: str
+    hosts: str
+    n_hosts: int
+    versions: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]
+    files_with_events: tuple[FileCount, ...]
+    more_files: int
+    skipped: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReportView:
+    title: str
+    verdict: VerdictView
+    doc: tuple[DocSection, ...]
+    evidence: tuple[EvidenceView, ...]
+    more_evidence: int
+    fixes: tuple[FixView, ...]
+    findings: tuple[FindingView, ...]
+    facts: FactsView
+    repro: ReproView | None
+    frontier: FrontierView
+    timeline: TimelineView
+
+
+# -- builders ----------------------------------------------------------------------------
+def _evidence(e: Evidence) -> EvidenceView:
+    return EvidenceView(
+        where=f"{e.file}:{e.line}", rank="" if e.rank is None else str(e.rank), host=e.host or "",
+        time=fmt_ts(e.ts), kind=e.kind or "", text=short(e.text, 600),
+    )
+
+
+def _doc(f: Finding, *, shown: str) -> tuple[DocSection, ...]:
+    """The rule's doc sections; the one the verdict card already shows (`shown`) is not repeated."""
+    rule = rule_by_id(f.rule) if f.rule else None
+    doc = dict(rule.doc) if rule is not None else {}
+    doc = {**f.doc, **doc}
+    keys = [k for k in (*DOC_SECTIONS, "what_would_settle_it") if doc.get(k) and str(doc[k]).strip() != shown]
+    return tuple(DocSection(DOC_HEADINGS.get(k, k), str(doc[k]).strip()) for k in keys)
+
+
+def _finding(f: Finding) -> FindingView:
+    return FindingView(
+        role=f.role.value, role_text=ROLE_TEXT.get(f.role.value, f.role.value), root_cause=f.root_cause.value,
+        rule=f.rule or "—", title=short(f.title, 240), message=short(f.message, 1200),
+        confidence=f"{f.confidence:.2f}", culprits=culprit_text(f),
+        evidence=tuple(_evidence(e) for e in f.evidence[:MAX_EVIDENCE]),
+    )
+
+
+def _verdict(diag) -> VerdictView:
+    v: Finding = diag.verdict
+    ff = diag.first_failure
+    first = ""
+    if ff is not None:
+        who = f", rank {ff.rank}" if ff.rank is not None else ""
+        who += f" on {ff.host}" if ff.host else ""
+        first = f"{ff.file}:{ff.line}" + (f" at {fmt_ts(ff.ts)}" if ff.ts else "") + who
+    if diag.missing:
+        change, label = diag.missing, "To be surer"
+    else:
+        change, label = v.doc.get("known_false_positives", ""), "When this could be wrong"
+    return VerdictView(
+        root_cause=v.root_cause.value, plain=PLAIN.get(v.root_cause, v.root_cause.value),
+        title=short(v.title, 240), summary=short(v.message, 1500), rule=v.rule or "",
+        confidence=f"{v.confidence:.2f}", confidence_word=confidence_word(v.confidence),
+        culprits=culprit_text(v), has_culprit=bool(v.culprit_ranks or v.culprit_hosts),
+        collective=collective_text(v), first_failure=first,
+        what_would_change=change, what_would_change_label=label,
+    )
+
+
+def _facts(analysis) -> FactsView:
+    f = analysis.diagnosis.facts
+    ev = analysis.ingest.events
+    counts: list[FileCount] = []
+    if not ev.is_empty():
+        per = ev.group_by("file").len().sort(["len", "file"], descending=[True, False])
+        counts = [FileCount(r["file"], r["len"]) for r in per.iter_rows(named=True)]
+    seen = f"{len(f.ranks_seen)}" + (f" of {f.world_size}" if f.world_size else "")
+    if f.ranks_seen:
+        seen += f": {'rank' if len(f.ranks_seen) == 1 else 'ranks'} {rank_ranges(f.ranks_seen, count=False)}"
+    return FactsView(
+        path=f.path, files=f.files, lines=f"{f.lines:,}", size=human_bytes(f.bytes),
+        world_size=str(f.world_size) if f.world_size else "unknown", ranks_seen=seen,
+        hosts=names(f.hosts, 24) or "none named in the logs", n_hosts=len(f.hosts),
+        versions=tuple(sorted(f.versions.items())), env=tuple(sorted(f.env.items())),
+        files_with_events=tuple(counts[:MAX_FILES]), more_files=max(0, len(counts) - MAX_FILES),
+        skipped=tuple((s.file, s.reason) for s in f.skipped), notes=tuple(f.notes),
+    )
+
+
+def build_view(analysis, repro=None) -> ReportView:
+    diag = analysis.diagnosis
+    v = diag.verdict
+    evidence = tuple(_evidence(e) for e in v.evidence[:MAX_EVIDENCE])
+    rv = None
+    if repro is not None:
+        rv = ReproView(command=repro.command, script=repro.script, world_size=getattr(repro, "world_size", None))
+    title = f"{v.root_cause.value}: {short(v.title, 100)} — {diag.facts.path}"
+    verdict = _verdict(diag)
+    return ReportView(
+        title=title, verdict=verdict, doc=_doc(v, shown=verdict.what_would_change.strip()), evidence=evidence,
+        more_evidence=max(0, len(v.evidence) - MAX_EVIDENCE),
+        fixes=tuple(FixView(x.title, x.why, textwrap.dedent(x.code).strip("\n")) for x in v.fixes),
+        findings=tuple(_finding(f) for f in diag.findings), facts=_facts(analysis), repro=rv,
+        frontier=frontier_view(analysis), timeline=timeline_view(analysis),
+    )

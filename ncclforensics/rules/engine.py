@@ -1,0 +1,141 @@
+"""Evaluate the rules, order their findings causally (root, cascade, context), pick the verdict."""
+
+from __future__ import annotations
+
+import datetime as dt
+import string
+from collections import defaultdict
+
+from ncclforensics.model import Collective, Evidence, Finding, Fix, Role, RootCause
+from ncclforensics.rules.context import Context
+from ncclforensics.rules.detectors import DETECTORS, Hit, symptom_only
+from ncclforensics.rules.loader import Rule, load_rules
+
+CASCADE_SLACK = dt.timedelta(seconds=2)
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _format(template: str, fields: dict) -> str:
+    try:
+        return string.Formatter().vformat(template, (), _Blank(fields))
+    except (ValueError, IndexError, KeyError):
+        return template
+
+
+def _iso(ts) -> str | None:
+    return ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts is not None else None
+
+
+def evidence_of(rows: list[dict]) -> list[Evidence]:
+    return [Evidence(file=r["file"], line=int(r["line"] or 0), text=r["text"] or "", rank=r["rank"],
+                     host=r["host"], ts=_iso(r["ts"]), kind=r["kind"]) for r in rows]
+
+
+def _fixes(rule: Rule, hit: Hit) -> list[Fix]:
+    out = []
+    for f in rule.fixes:
+        if all(hit.params.get(k) in (v if isinstance(v, list) else [v]) for k, v in f.when.items()):
+            out.append(Fix(title=f.title, why=f.why, code=f.code))
+    return out
+
+
+def finding_of(rule: Rule, hit: Hit, ctx: Context) -> Finding:
+    params = {k: v for k, v in hit.params.items() if v is not None}
+    col = hit.collective or Collective()
+    params.setdefault("culprit_ranks", hit.culprits)
+    params.setdefault("world_size", ctx.world_size)
+    if col.op_type:
+        params.setdefault("op_type", col.op_type)
+    if col.seq is not None:
+        params.setdefault("seq", col.seq)
+    if rule.reproducer_mode and "mode" not in hit.params:
+        params["mode"] = rule.reproducer_mode
+    hosts = hit.hosts or sorted({ctx.rank_hosts[r] for r in hit.culprits if r in ctx.rank_hosts})
+    return Finding(
+        root_cause=rule.root_cause, rule=rule.id, title=_format(rule.title, hit.fields),
+        message=_format(rule.message, hit.fields), confidence=round(min(0.99, rule.confidence * hit.confidence), 2),
+        culprit_ranks=list(hit.culprits), culprit_hosts=hosts, evidence=evidence_of(hit.evidence),
+        collective=col, ts=hit.ts, fixes=_fixes(rule, hit), doc=dict(rule.doc),
+        reproducer=rule.reproducer or rule.root_cause.value, params=params, yields_to=rule.yields_to,
+    )
+
+
+def evaluate(ctx: Context) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule in load_rules():
+        for m in rule.matches:
+            for hit in DETECTORS[m.detector](ctx, **m.params):
+                findings.append(finding_of(rule, hit, ctx))
+    return _dedupe(findings)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (class, culprits): the first (highest-priority) rule keeps it."""
+    seen: set[tuple] = set()
+    out = []
+    for f in findings:
+        key = (f.root_cause, tuple(f.culprit_ranks))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(f)
+    return out
+
+
+def order(findings: list[Finding]) -> Finding | None:
+    """Mark cascades; return the root (the earliest failure that explains the rest)."""
+    by_class: dict[str, list[Finding]] = defaultdict(list)
+    for f in findings:
+        by_class[f.root_cause.value].append(f)
+    for f in findings:
+        for cls in f.yields_to:
+            for g in by_class.get(cls, []):
+                if g is f:
+                    continue
+                if f.ts is None or g.ts is None or g.ts <= f.ts + CASCADE_SLACK:
+                    f.role = Role.CASCADE
+                    break
+            if f.role is Role.CASCADE:
+                break
+    live = [f for f in findings if f.role is not Role.CASCADE]
+    if not live:
+        return None
+    best = max(f.confidence for f in live)
+    contenders = [f for f in live if f.confidence >= best - 0.2]
+    timed = sorted((f for f in contenders if f.ts is not None), key=lambda f: f.ts)
+    root = max(contenders, key=lambda f: f.confidence)
+    if timed and timed[0].confidence >= root.confidence - 0.2 and timed[0] is not root:
+        if root.ts is None or timed[0].ts + CASCADE_SLACK < root.ts:
+            root = timed[0]
+    for f in live:
+        f.role = Role.ROOT if f is root else Role.CONTEXT
+    return root
+
+
+def unknown_finding(ctx: Context) -> Finding:
+    """The verdict when no rule explains the run: say what would settle it; never invent a culprit."""
+    s = ctx.stuck
+    seen = ctx.ranks_seen
+    ws = ctx.world_size
+    if not seen:
+        why = "No line names a rank: the logs may be an agent console only, or cut before the failure."
+        need = "the per-rank logs (torchrun --log-dir or --tee output) of every rank"
+    elif len(seen) == 1 and (ws is None or ws > 1):
+        why = f"Only rank {seen[0]}'s log is here, and it shows symptoms (waiting), not a cause."
+        need = "the logs of the other ranks, above all any rank that did not time out"
+    elif symptom_only(ctx):
+        why = "Every rank shown only waited (timeouts, closed connections): the rank that caused it left no trace here."
+        need = ("logs of the ranks missing here, dmesg/kern.log of each host (Xid, OOM killer), "
+                "and a Flight Recorder dump (TORCH_NCCL_TRACE_BUFFER_SIZE)")
+    else:
+        why = "No known failure signature explains these logs."
+        need = "the full console of every rank and the host kernel logs"
+    return Finding(
+        root_cause=RootCause.UNKNOWN, rule="", title="Not enough evidence for a root cause",
+        message=why, confidence=0.0, collective=Collective(pg=s.pg, op_type=s.op, seq=s.seq),
+        doc={"what_would_settle_it": need}, reproducer=None, params={"world_size": ws},
+    )

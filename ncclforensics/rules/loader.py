@@ -1,0 +1,87 @@
+"""Load the rule files (patterns/rules/<root_cause>/<ID>-<name>.toml) into Rule objects."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncclforensics.model import RootCause
+from ncclforensics.parse.signatures import PATTERNS_DIR
+
+RULES_DIR = PATTERNS_DIR / "rules"
+CONFIDENCE = {"high": 0.9, "medium": 0.75, "low": 0.55}
+DOC_SECTIONS = ("what_it_detects", "why_it_happens", "known_false_positives")
+
+
+class RuleError(Exception):
+    """A rule file is malformed (caught by the tests over patterns/rules)."""
+
+
+@dataclass(frozen=True)
+class FixSpec:
+    title: str
+    why: str
+    code: str
+    when: dict  # hit params that must match for this fix to apply, e.g. {mode = ["bus_error"]}
+
+
+@dataclass(frozen=True)
+class Match:
+    detector: str
+    params: dict
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    root_cause: RootCause
+    confidence: float
+    yields_to: tuple[str, ...]
+    title: str
+    message: str
+    matches: tuple[Match, ...]
+    culprit_policy: str
+    doc: dict
+    fixes: tuple[FixSpec, ...]
+    reproducer: str | None
+    reproducer_mode: str | None
+    path: str
+    priority: int
+
+
+def _load(path: Path) -> Rule:
+    rel = path.relative_to(RULES_DIR).as_posix()
+    try:
+        d = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(f"{rel}: {exc}") from None
+    try:
+        rc = RootCause(d["root_cause"])
+        conf = d["confidence"]
+        conf = CONFIDENCE[conf] if isinstance(conf, str) else float(conf)
+        matches = tuple(Match(m["detector"], dict(m.get("params", {}))) for m in d["match"])
+        fixes = tuple(FixSpec(f["title"], f.get("why", ""), f.get("code", "").strip("\n"), dict(f.get("when", {})))
+                      for f in d.get("fixes", []))
+        rep = d.get("reproducer", {})
+        return Rule(
+            id=d["id"], name=d["name"], root_cause=rc, confidence=conf, yields_to=tuple(d.get("yields_to", [])),
+            title=d["title"], message=d["message"], matches=matches,
+            culprit_policy=d.get("culprit", {}).get("policy", "detector"), doc=dict(d.get("doc", {})),
+            fixes=fixes, reproducer=rep.get("template"), reproducer_mode=rep.get("mode"), path=rel,
+            priority=int(d.get("priority", 50)),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise RuleError(f"{rel}: {type(exc).__name__}: {exc}") from None
+
+
+@functools.cache
+def load_rules(root: Path = RULES_DIR) -> tuple[Rule, ...]:
+    rules = [_load(p) for p in sorted(root.rglob("*.toml")) if not p.name.endswith(".cases.toml")]
+    return tuple(sorted(rules, key=lambda r: (r.priority, r.id)))
+
+
+def rule_by_id(rule_id: str) -> Rule | None:
+    return next((r for r in load_rules() if r.id.upper() == rule_id.upper()), None)

@@ -1,0 +1,217 @@
+"""Analyze one run of a scan: the per-run function every engine calls, and its atomic outputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+from ncclforensics import __version__
+
+RESULT_SCHEMA = 1
+RESULT = "result.json"
+DIAGNOSIS = "diagnosis.json"
+REPORT = "report.html"
+_TRACEBACK_LIMIT = 20_000
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _iso(ts) -> str | None:
+    """A time as UTC `YYYY-MM-DDTHH:MM:SS.ffffffZ` (the one format the summary parses), or None."""
+    if ts is None:
+        return None
+    if not isinstance(ts, dt.datetime):
+        try:
+            ts = dt.datetime.fromisoformat(str(ts).strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.UTC)
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def base_row(spec: dict) -> dict:
+    """The columns every row has, analysis or not."""
+    return {
+        "id": spec["id"], "path": spec["rel"], "kind": spec["kind"], "bytes": spec["size"],
+        "files": spec["nfiles"], "tool_version": __version__, "content_hash": spec["key"],
+    }
+
+
+def result_doc(spec: dict, status: str, row: dict, *, error: str | None = None, elapsed: float = 0.0,
+               **extra) -> dict:
+    """The result.json document of one run: the cache entry and the source of its summary row."""
+    full = {**base_row(spec), **row, "status": status, "error": error, "elapsed_s": round(elapsed, 3),
+            "analyzed_at": now_iso()}
+    return {"schema": RESULT_SCHEMA, "id": spec["id"], "key": spec["key"], "status": status,
+            "reports": bool(spec.get("reports", True)), "row": full, **extra}
+
+
+def error_result(spec: dict, status: str, message: str, elapsed: float = 0.0, **extra) -> dict:
+    return result_doc(spec, status, {}, error=message, elapsed=elapsed, **extra)
+
+
+def _xids(events) -> list[dict]:
+    import polars as pl
+
+    if events.is_empty():
+        return []
+    rows = events.filter(pl.col("kind").cast(pl.Utf8) == "xid").select("host", "code", "extra").to_dicts()
+    out = []
+    for r in rows:
+        pci = None
+        try:
+            pci = (json.loads(r["extra"]) or {}).get("pci") if r["extra"] else None
+        except (ValueError, AttributeError):
+            pci = None
+        out.append({"code": r["code"], "host": r["host"], "pci": pci})
+    return out
+
+
+def _culprit_gpus(events, culprits: list[int], rank_hosts: dict[int, str | None]) -> list[str]:
+    """`host lr<N>` for each culprit rank whose host and local rank the logs name."""
+    import polars as pl
+
+    if events.is_empty() or not culprits:
+        return []
+    lr = (events.filter(pl.col("rank").is_in(culprits) & pl.col("local_rank").is_not_null())
+          .group_by("rank").agg(pl.col("local_rank").first()).to_dicts())
+    out = []
+    for r in sorted(lr, key=lambda x: x["rank"]):
+        host = rank_hosts.get(r["rank"])
+        if host:
+            out.append(f"{host} lr{r['local_rank']}")
+    return out
+
+
+def diagnosis_row(doc: dict, analysis) -> dict:
+    """Summary columns from the --json document and the event table."""
+    run, v = doc["run"], doc["verdict"]
+    events = analysis.ingest.events
+    xids = _xids(events)
+    rank_hosts = {r["rank"]: r.get("host") for r in doc.get("ranks") or []}
+    ff = v.get("first_failure") or {}
+    last = events["ts"].max() if not events.is_empty() else None
+    coll = v.get("collective") or {}
+    return {
+        "bytes_read": analysis.ingest.bytes,
+        "files_read": run["files"], "files_skipped": len(run.get("skipped") or []), "lines": run["lines"],
+        "world_size": run["world_size"], "ranks": len(run.get("ranks_seen") or []),
+        "hosts": list(run.get("hosts") or []),
+        "root_cause": v["class"], "confidence": v["confidence"], "rule": v.get("rule"), "title": v.get("title"),
+        "culprit_ranks": list(v.get("culprit_ranks") or []), "culprit_hosts": list(v.get("culprit_hosts") or []),
+        "culprit_gpus": _culprit_gpus(events, list(v.get("culprit_ranks") or []), rank_hosts),
+        "pg": coll.get("pg"), "op": coll.get("op_type"), "seq": coll.get("seq"),
+        "first_failure": _iso(ff.get("ts")), "first_failure_rank": ff.get("rank"),
+        "last_event": _iso(last),
+        "xids": sorted({f"{x['code']}@{x['host'] or '?'}" for x in xids}),
+        "xid_codes": sorted({x["code"] for x in xids if x["code"] is not None}),
+        "xid_hosts": sorted({x["host"] for x in xids if x["host"]}),
+        "xid_gpus": sorted({f"{x['host']} {x['pci']}" for x in xids if x["host"] and x["pci"]}),
+    }
+
+
+def _reproducer(diag):
+    if diag.verdict.reproducer is None:
+        return None
+    try:
+        from ncclforensics.repro.render import render_reproducer
+
+        return render_reproducer(diag.verdict, diag.facts)
+    except Exception:  # no template for this verdict yet, or a renderer bug: the scan goes on
+        return None
+
+
+def _report(analysis, repro) -> tuple[str | None, str | None]:
+    """(html, problem): no html and no problem while the report module does not exist yet."""
+    try:
+        from ncclforensics.report.render import render_report
+    except ModuleNotFoundError as exc:
+        if exc.name in ("ncclforensics.report", "ncclforensics.report.render"):
+            return None, None
+        return None, f"report unavailable ({exc})"
+    except Exception as exc:
+        return None, f"report unavailable ({type(exc).__name__}: {exc})"
+    try:
+        return render_report(analysis, repro), None
+    except Exception as exc:
+        return None, f"report failed ({type(exc).__name__}: {str(exc)[:300]})"
+
+
+def analyze_run(spec: dict, out_dir: str | None) -> dict:
+    """Analyze one run. With out_dir, write runs/<id>/{diagnosis.json,report.html,result.json} there
+    (result.json last, each atomically) and return the result; without, return the result with the
+    file texts under "_files" for the caller to write (Ray workers may not share OUTDIR)."""
+    from ncclforensics.analysis import analyze_path
+    from ncclforensics.errors import ForensicsError
+    from ncclforensics.jsonout import diagnosis_dict
+
+    t0 = time.monotonic()
+    files: dict[str, str] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            analysis = analyze_path(spec["path"])
+            diag = analysis.diagnosis
+            repro = _reproducer(diag)
+            doc = diagnosis_dict(diag, repro)
+            row = diagnosis_row(doc, analysis)
+            files[DIAGNOSIS] = json.dumps(doc, indent=2, default=str, ensure_ascii=False) + "\n"
+            html, problem = _report(analysis, repro) if spec.get("reports", True) else (None, None)
+            if html is not None:
+                files[REPORT] = html
+            row["report"] = html is not None
+            row["report_error"] = problem
+            result = result_doc(spec, "ok", row, elapsed=time.monotonic() - t0)
+        except ForensicsError as exc:
+            result = error_result(spec, "error", exc.message, time.monotonic() - t0)
+        except Exception as exc:
+            tb = traceback.format_exc()[-_TRACEBACK_LIMIT:]
+            result = error_result(spec, "error", f"internal error ({type(exc).__name__}: {str(exc)[:300]})",
+                                  time.monotonic() - t0, traceback=tb)
+    if caught:
+        result["warnings"] = sorted({f"{w.category.__name__}: {w.message}"[:300] for w in caught})[:20]
+    if out_dir is None:
+        result["_files"] = files
+        return result
+    write_run(Path(out_dir), spec["id"], result, files)
+    return result
+
+
+def atomic_write(path: Path, data: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def write_run(out_dir: Path, run_id: str, result: dict, files: dict[str, str]) -> None:
+    """Write a run's files, then its result.json (the commit point), each by rename."""
+    d = out_dir / "runs" / run_id
+    d.mkdir(parents=True, exist_ok=True)
+    for stale in d.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+    for name in (DIAGNOSIS, REPORT):
+        if name in files:
+            atomic_write(d / name, files[name])
+        else:  # left from an earlier analysis of other content
+            (d / name).unlink(missing_ok=True)
+    result = {k: v for k, v in result.items() if k != "_files"}
+    atomic_write(d / RESULT, json.dumps(result, ensure_ascii=False, default=str) + "\n")
+
+
+def read_result(out_dir: Path, run_id: str) -> dict | None:
+    try:
+        doc = json.loads((out_dir / "runs" / run_id / RESULT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA or not isinstance(doc.get("row"), dict):
+        return None
+    return doc

@@ -1,0 +1,273 @@
+"""Envelope peeling (FORMATS.md §1): every prefix shape yields its body, rank, host, pid and time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+
+from ncclforensics.ingest.envelope import ANSI, UNKNOWN_YEAR, peel, peel_all
+
+Y = UNKNOWN_YEAR  # year-less stamps (c10 header, torch Python logging, syslog)
+WATCHDOG = (
+    "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7731, OpType=_REDUCE_SCATTER_BASE, "
+    "NumelIn=33554432, NumelOut=4194304, Timeout(ms)=600000) ran for 600118 milliseconds before timing out."
+)
+XID79 = "NVRM: Xid (PCI:0000:4e:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+def case(cid: str, line: str, body: str, **want: object) -> pytest.param:
+    """One line and everything its envelope must tell; fields not named must stay None."""
+    full = {"body": body, "rank": None, "local_rank": None, "host": None, "pid": None, "ts": None}
+    full.update(want)
+    return pytest.param(line, full, id=cid)
+
+
+CASES = [
+    # -- torchrun tee and rank prefixes (§1.5, §1.6) --------------------------------------------
+    case("tee", "[default3]:step 4 loss 0.1075", "step 4 loss 0.1075", local_rank=3),
+    case("tee-other-role", "[worker3|1]:loading shard 7", "loading shard 7", local_rank=3),
+    case("tee-then-python-rank", "[default1]:[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+         "transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete",
+         "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+         "Timed out waiting 15000ms for recv operation to complete", rank=1, local_rank=1),
+    case("python-rank", "[rank0]: Traceback (most recent call last):", "Traceback (most recent call last):", rank=0),
+    case("python-rank-frame", "[rank0]:     main()", "    main()", rank=0),
+    case("python-rank-leading-space", "[rank5]:  Original exception: ", " Original exception: ", rank=5),
+    # -- c10 C++ header, three generations (§1.2) ------------------------------------------------
+    case("c10-le-2.1", "[E ProcessGroupNCCL.cpp:833] [Rank 6] NCCL watchdog thread terminated with exception: "
+         "CUDA error: unspecified launch failure",
+         "[Rank 6] NCCL watchdog thread terminated with exception: CUDA error: unspecified launch failure"),
+    case("c10-2.2", "[rank6]:[E ProcessGroupNCCL.cpp:1402] [Rank 6] NCCL watchdog thread terminated with exception: "
+         "unknown", "[Rank 6] NCCL watchdog thread terminated with exception: unknown", rank=6),
+    case("c10-2.4-mmdd3-c10d", "[W309 22:41:07.318204517 socket.cpp:601] [c10d] The server socket has failed to "
+         "bind to [::]:29611 (errno: 98 - Address already in use).",
+         "The server socket has failed to bind to [::]:29611 (errno: 98 - Address already in use).",
+         ts=dt.datetime(Y, 3, 9, 22, 41, 7)),
+    case("c10-2.13-before-init", "[E1122 07:47:43.382389281 socket.cpp:1028] [c10d] The client socket has timed out "
+         "after 10000ms while trying to connect to (127.0.0.2, 47983).",
+         "The client socket has timed out after 10000ms while trying to connect to (127.0.0.2, 47983).",
+         ts=dt.datetime(Y, 11, 22, 7, 47, 43)),
+    case("c10-rank-keeps-group-rank", "[rank14]:[E0603 09:27:31.902447158 ProcessGroupNCCL.cpp:665] [Rank 6] x",
+         "[Rank 6] x", rank=14, ts=dt.datetime(Y, 6, 3, 9, 27, 31)),
+    # -- torch Python logging, all shapes (§1.4) -------------------------------------------------
+    case("pylog-le-2.0", "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 2 "
+         "(pid: 40917) of binary: /opt/venv/bin/python3",
+         "failed (exitcode: -9) local_rank: 2 (pid: 40917) of binary: /opt/venv/bin/python3"),
+    case("pylog-2.1", "[2025-02-17 06:30:12,408] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending "
+         "process 40915 closing signal SIGTERM", "Sending process 40915 closing signal SIGTERM",
+         ts=dt.datetime(2025, 2, 17, 6, 30, 12, 408000)),
+    case("pylog-2.3-thread-id", "W0217 06:30:12.408000 139871624029184 torch/distributed/run.py:779] Setting "
+         "OMP_NUM_THREADS environment variable for each process to be 1 in default",
+         "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default",
+         ts=dt.datetime(Y, 2, 17, 6, 30, 12, 408000)),
+    case("pylog-2.5-pid", "E1122 07:51:43.120000 2534 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+         "(exitcode: -9) local_rank: 3 (pid: 2540) of binary: /opt/conda/envs/train/bin/python3",
+         "failed (exitcode: -9) local_rank: 3 (pid: 2540) of binary: /opt/conda/envs/train/bin/python3",
+         pid=2534, ts=dt.datetime(Y, 11, 22, 7, 51, 43, 120000)),
+    case("pylog-empty-message", "W1122 07:44:17.428000 873 torch/distributed/run.py:874] ", "",
+         pid=873, ts=dt.datetime(Y, 11, 22, 7, 44, 17, 428000)),
+    case("pylog-under-rank", "[rank2]:I1122 07:44:19.100000 880 torch/distributed/distributed_c10d.py:600] "
+         "Added key: store_based_barrier_key:1 to store for rank: 2",
+         "Added key: store_based_barrier_key:1 to store for rank: 2",
+         rank=2, pid=880, ts=dt.datetime(Y, 11, 22, 7, 44, 19, 100000)),
+    # -- Slurm, MPI, Ray (§1.7) ------------------------------------------------------------------
+    case("srun-label", " 9: [rank9]:[E0309 22:41:07.402918350 ProcessGroupNCCL.cpp:1750] [Rank 9] To avoid data "
+         "inconsistency, we are taking the entire process down.",
+         "[Rank 9] To avoid data inconsistency, we are taking the entire process down.",
+         rank=9, ts=dt.datetime(Y, 3, 9, 22, 41, 7)),
+    case("srun-label-2-digits", "15: step 4 loss 0.1075", "step 4 loss 0.1075"),
+    case("srun-heterogeneous", "P1 7: step 4 loss 0.1075", "step 4 loss 0.1075"),
+    case("srun-traceback-frame", ' 3:   File "/srv/train/train.py", line 211, in main',
+         '  File "/srv/train/train.py", line 211, in main'),
+    case("srun-not-after-rank", "[rank0]: 12: not a label", "12: not a label", rank=0),
+    case("mpi-tag", "[1,7]<stderr>:[rank7]: RuntimeError: boom", "RuntimeError: boom", rank=7),
+    case("mpi-timestamp", "[Tue Jun 10 03:17:42 2025]<stdout>:step 3", "step 3"),
+    case("ray-actor-ip", "(RayWorkerWrapper pid=61833, ip=10.42.7.19) [rank5]:[E0412 18:02:44.771045213 "
+         "ProcessGroupNCCL.cpp:1750] [Rank 1] Some NCCL operations have failed or timed out.",
+         "[Rank 1] Some NCCL operations have failed or timed out.",
+         rank=5, pid=61833, host="10.42.7.19", ts=dt.datetime(Y, 4, 12, 18, 2, 44)),
+    case("ray-task", "(pid=4242) loading shard 7", "loading shard 7", pid=4242),
+    case("hostrank-template", "gpu-q17:12: [rank12]:[E0914 02:11:53.518220741 ProcessGroupNCCL.cpp:665] [Rank 4] x",
+         "[Rank 4] x", rank=12, host="gpu-q17", ts=dt.datetime(Y, 9, 14, 2, 11, 53)),
+    case("python-warning-is-not-hostrank", "train.py:45: UserWarning: the batch is empty",
+         "train.py:45: UserWarning: the batch is empty"),
+    # -- stacked prefixes and wrapper timestamps (§1.1, §1.9) ----------------------------------
+    case("stacked", "2025-09-14 02:11:53 1: [default3]:[rank11]:[E0914 02:11:53.518220741 ProcessGroupNCCL.cpp:665] "
+         + WATCHDOG, WATCHDOG, rank=11, local_rank=3, ts=dt.datetime(2025, 9, 14, 2, 11, 53)),
+    case("viewer-line-number", "[40218] [rank0]: Traceback (most recent call last):",
+         "Traceback (most recent call last):", rank=0),
+    case("iso-with-zone", "2025-09-14T02:11:53.250+02:00 [default0]:step 4", "step 4", local_rank=0,
+         ts=dt.datetime(2025, 9, 14, 0, 11, 53, 250000)),
+    # -- NCCL_DEBUG heads (§10.1) ----------------------------------------------------------------
+    case("nccl-info", "gpu-q17:58213:58213 [5] NCCL INFO Bootstrap : Using ib0:10.42.7.17<0>",
+         "NCCL INFO Bootstrap : Using ib0:10.42.7.17<0>", host="gpu-q17", pid=58213),
+    case("nccl-warn-2.26-timestamp", "[2025-07-30 11:04:58] gpu-q17:58213:58391 [5] transport/net_ib.cc:1702 NCCL "
+         "WARN NET/IB : Got completion from peer 10.42.7.18<60117> with status=12 opcode=2 len=0 vendor err 244 (Recv)",
+         "NCCL WARN NET/IB : Got completion from peer 10.42.7.18<60117> with status=12 opcode=2 len=0 vendor err 244 "
+         "(Recv)", host="gpu-q17", pid=58213, ts=dt.datetime(2025, 7, 30, 11, 4, 58)),
+    case("nccl-warn-function", "gpu-q17:58213:58391 [5] misc/socket.cc:538 (socketProgress) NCCL WARN "
+         "socketProgress: Connection closed by remote peer gpu-q18<60117>",
+         "NCCL WARN socketProgress: Connection closed by remote peer gpu-q18<60117>", host="gpu-q17", pid=58213),
+    case("nccl-under-tee", "[default5]:gpu-q17:58213:58391 [5] NCCL INFO NCCL version 2.21.5+cuda12.4",
+         "NCCL INFO NCCL version 2.21.5+cuda12.4", local_rank=5, host="gpu-q17", pid=58213),
+    # -- kernel logs (§1.9, §12) -----------------------------------------------------------------
+    case("dmesg-raw", "[ 912734.602118] " + XID79, XID79),
+    case("dmesg-T", "[Tue Jun 10 03:17:42 2025] " + XID79, XID79, ts=dt.datetime(2025, 6, 10, 3, 17, 42)),
+    case("dmesg-T-day-padded", "[Sun Jun  1 03:17:42 2025] " + XID79, XID79, ts=dt.datetime(2025, 6, 1, 3, 17, 42)),
+    case("dmesg-iso", "2025-06-10T03:17:42,604118+02:00 " + XID79, XID79,
+         ts=dt.datetime(2025, 6, 10, 1, 17, 42, 604118)),
+    case("dmesg-decode", "kern  :err   : 2025-06-10T03:17:42,604118+00:00 " + XID79, XID79,
+         ts=dt.datetime(2025, 6, 10, 3, 17, 42, 604118)),
+    case("dmesg-decode-raw-uptime", "kern  :info  : [ 88412.907331] " + XID79, XID79),
+    case("syslog", "Jun 10 03:17:42 gpu-q17 kernel: " + XID79, XID79, host="gpu-q17",
+         ts=dt.datetime(Y, 6, 10, 3, 17, 42)),
+    case("syslog-with-uptime", "Jun 10 03:17:42 gpu-q17 kernel: [ 912734.602118] " + XID79, XID79, host="gpu-q17",
+         ts=dt.datetime(Y, 6, 10, 3, 17, 42)),
+    case("journal-short-iso", "2025-06-10T03:17:42+0200 gpu-q17 kernel: " + XID79, XID79, host="gpu-q17",
+         ts=dt.datetime(2025, 6, 10, 1, 17, 42)),
+    case("kmsg", "4,88213,912734602118,-;" + XID79, XID79),
+    case("kmsg-caller", "4,88214,912734602200,-,caller=T812;" + XID79, XID79),
+    # -- application formats of the corpus (§1.5) ------------------------------------------------
+    case("app-logging", "2026-11-22 07:51:58,657 INFO [rank1] train: initializing process group backend=gloo",
+         "train: initializing process group backend=gloo", rank=1,
+         ts=dt.datetime(2026, 11, 22, 7, 51, 58, 657000)),
+    case("app-tee-rank", "[default2]:[rank 2] step 1/12 loss=0.0526", "step 1/12 loss=0.0526",
+         rank=2, local_rank=2),
+    case("app-us-date", "11/22/2026 07:50:25 - train - ERROR - data loading failed at step 10",
+         "data loading failed at step 10", ts=dt.datetime(2026, 11, 22, 7, 50, 25)),
+    case("app-rank-of-world", "[Rank 0/4] INFO: saving checkpoint", "saving checkpoint", rank=0),
+]
+
+
+@pytest.mark.parametrize(("line", "want"), CASES)
+def test_peel(line: str, want: dict) -> None:
+    envs = peel_all(ANSI.sub("", line))
+    assert len(envs) == 1
+    env = envs[0]
+    got = {k: getattr(env, k) for k in want}
+    assert got == want
+
+
+def test_srun_label_is_the_task_not_the_rank() -> None:
+    env = peel(" 9: [rank11]: RuntimeError: boom")
+    assert (env.task, env.rank, env.body) == (9, 11, "RuntimeError: boom")
+    assert peel("P1 7: x").task == 7
+
+
+def test_dmesg_uptime_is_kept_apart_from_wall_time() -> None:
+    assert peel("[ 912734.602118] " + XID79).uptime == pytest.approx(912734.602118)
+    assert peel("4,88213,912734602118,-;" + XID79).uptime == pytest.approx(912734.602118)
+    assert peel("kern  :info  : [ 88412.907331] x").uptime == pytest.approx(88412.907331)
+
+
+def test_nccl_device_is_not_a_rank() -> None:
+    env = peel("gpu-q17:58213:58391 [5] NCCL INFO Bootstrap : Using ib0:10.42.7.17<0>")
+    assert (env.nccl_dev, env.rank, env.local_rank) == (5, None, None)
+
+
+def test_agent_lines_are_marked() -> None:
+    assert peel("W1122 07:44:23.407000 873 torch/distributed/elastic/multiprocessing/api.py:1028] x").agent
+    assert peel("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1)").agent
+    assert not peel("[rank0]:[E1122 07:44:23.407000001 ProcessGroupGloo.cpp:67] x").agent
+
+
+def test_app_rank_of_world_gives_the_world_size() -> None:
+    assert peel("[Rank 0/4] INFO: saving checkpoint").world == 4
+
+
+# -- ANSI colour (§1.8) ----------------------------------------------------------------------------
+
+RAY_WATCHDOG = ("(RayWorkerWrapper pid=61833){reset} [rank5]:[E0412 18:02:44.770991032 ProcessGroupNCCL.cpp:665] "
+                "[Rank 1] Watchdog caught collective operation timeout")
+
+
+@pytest.mark.parametrize("colour", ["\x1b[36m", "[36m"], ids=["with-esc", "esc-lost"])
+def test_ansi_is_removed_before_peeling(colour: str) -> None:
+    reset = colour.replace("36", "0")
+    line = colour + RAY_WATCHDOG.format(reset=reset)
+    (env,) = peel_all(ANSI.sub("", line))
+    assert (env.pid, env.rank, env.body) == (61833, 5, "[Rank 1] Watchdog caught collective operation timeout")
+
+
+def test_ansi_lost_esc_after_a_word() -> None:
+    assert ANSI.sub("", "[1;31mERROR[0m: rank 3 failed") == "ERROR: rank 3 failed"
+    assert peel(ANSI.sub("", "[31mERROR[0m: rank 3 failed")).body == "rank 3 failed"
+
+
+def test_ansi_leaves_bracketed_text_alone() -> None:
+    for text in ("eta [10m] left", "TensorShape=[1024]", "[rank3]:", "[E0114 03:52:10.044127601 x.cpp:1] "):
+        assert ANSI.sub("", text) == text
+
+
+# -- progress bars: CRs and envelopes glued behind bar text (§1.8) ----------------------------------
+
+GLUED_TIMEOUT = ("[rank0]:[E0114 03:52:10.044127601 ProcessGroupNCCL.cpp:665] [Rank 0] Watchdog caught collective "
+                 "operation timeout: WorkNCCL(SeqNum=3841, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                 "Timeout(ms)=1800000) ran for 1800077 milliseconds before timing out.")
+
+
+def test_tqdm_glued_header_is_split() -> None:
+    bar = "step 1920/8000 [08:17<26:14, 3.86it/s, loss=0.712]"
+    first, tail = peel_all(bar + GLUED_TIMEOUT)
+    assert first.body == bar
+    assert tail.body.startswith("[Rank 0] Watchdog caught collective operation timeout")
+    assert (tail.rank, tail.ts) == (0, dt.datetime(Y, 1, 14, 3, 52, 10))
+
+
+def test_tqdm_glued_under_tee_keeps_the_local_rank_and_writer_key() -> None:
+    envs = peel_all("[default0]:step 1920/8000 [08:17<26:14, 3.86it/s]" + GLUED_TIMEOUT)
+    assert [e.local_rank for e in envs] == [0, 0]
+    assert envs[1].rank == 0
+    # the same key as an ordinary line of this writer, so multi-line blocks group together
+    assert envs[1].key == peel("[default0]:" + GLUED_TIMEOUT).key
+
+
+def test_carriage_returns_split_and_inherit_the_launcher_prefix() -> None:
+    line = (" 0:  50%|#####     | 5/10 [00:01<00:01,  4.95it/s]\r 60%|######    | 6/10 [00:01<00:00,  4.96it/s]\r"
+            + GLUED_TIMEOUT)
+    envs = peel_all(line)
+    assert len(envs) == 3
+    assert [e.task for e in envs] == [0, 0, 0]
+    assert envs[1].body.startswith(" 60%|######")
+    last = envs[-1]
+    assert (last.rank, last.body[:8]) == (0, "[Rank 0]")
+    assert last.key == peel(" 0: " + GLUED_TIMEOUT).key
+
+
+def test_glued_python_logging_header() -> None:
+    line = ("100%|##########| 10/10 [00:02<00:00,  4.97it/s]W1122 07:44:23.407000 873 "
+            "torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 876 closing signal SIGTERM")
+    bar, tail = peel_all(line)
+    assert bar.body.startswith("100%|")
+    assert (tail.body, tail.pid, tail.agent) == ("Sending process 876 closing signal SIGTERM", 873, True)
+
+
+def test_two_glued_headers_in_one_line() -> None:
+    line = "10%|#[rank1]: RuntimeError: first[rank1]:[E0114 03:52:10.044127601 ProcessGroupNCCL.cpp:665] second"
+    assert [e.body for e in peel_all(line)] == ["10%|#", "RuntimeError: first", "second"]
+
+
+def test_crlf_and_blank_segments() -> None:
+    (env,) = peel_all("[rank0]: RuntimeError: boom\r")
+    assert (env.rank, env.body) == (0, "RuntimeError: boom")
+
+
+def test_peeling_is_bounded_on_hostile_lines() -> None:
+    t0 = time.perf_counter()
+    env = peel("[default1]:" * 50 + "x" * 1_000_000)
+    assert env.local_rank == 1
+    assert env.body.endswith("x" * 1000)
+    peel_all(("12: [rank" + "9" * 50) * 20_000)
+    peel_all("[E0114 03:52:10.044127601 " * 20_000)
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_nccl_lines_are_their_own_writer() -> None:
+    # an NCCL line never reads as the hard-wrapped continuation of the line before it
+    a = peel("gpu-q17:58213:58391 [5] NCCL INFO Bootstrap : Using ib0:10.42.7.17<0>")
+    b = peel("[default5]:gpu-q17:58213:58213 [5] NCCL INFO NCCL version 2.21.5+cuda12.4")
+    assert a.key == "gpu-q17:58213 "
+    assert b.key == "[default5]:gpu-q17:58213 "
+    assert peel("[default5]:step 4").key == "[default5]:"

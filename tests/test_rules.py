@@ -1,0 +1,93 @@
+"""Every rule file follows the conventions; every rule's cases (fires / quiet) hold."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ncclforensics.events import build_events
+from ncclforensics.model import RULE_PREFIX, RootCause
+from ncclforensics.repro import templates as _templates_pkg  # noqa: F401 - the folder must exist
+from ncclforensics.rules import engine
+from ncclforensics.rules.context import Context
+from ncclforensics.rules.detectors import DETECTORS
+from ncclforensics.rules.loader import DOC_SECTIONS, RULES_DIR, load_rules
+
+RULES = load_rules()
+RULE_FILES = sorted(p for p in RULES_DIR.rglob("*.toml") if not p.name.endswith(".cases.toml"))
+CASE_FILES = sorted(RULES_DIR.rglob("*.cases.toml"))
+
+
+def test_rules_cover_every_class():
+    assert {r.root_cause for r in RULES} == set(RootCause) - {RootCause.UNKNOWN}
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.stem)
+def test_rule_file_conventions(path: Path):
+    d = tomllib.loads(path.read_text())
+    assert path.stem == f"{d['id']}-{d['name']}", "file name must be {id}-{name}"
+    assert path.parent.name == d["root_cause"], "folder must be the root cause"
+    assert re.fullmatch(r"[A-Z]{2}\d{3}", d["id"])
+    assert d["id"][:2] == RULE_PREFIX[RootCause(d["root_cause"])], "id prefix must match the root cause"
+    assert re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", d["name"])
+    for section in DOC_SECTIONS:
+        assert len(d.get("doc", {}).get(section, "")) > 20, f"doc section {section} missing or empty"
+    for m in d["match"]:
+        assert m["detector"] in DETECTORS, f"unknown detector {m['detector']}"
+    assert d.get("fixes"), "a rule ships at least one fix"
+    for fx in d["fixes"]:
+        assert fx["title"] and fx.get("why") and fx.get("code"), "fixes need title, why and code"
+    for cls in d.get("yields_to", []):
+        assert cls in {c.value for c in RootCause}
+    tmpl = d.get("reproducer", {}).get("template")
+    assert tmpl in {c.value for c in RootCause}
+    assert (path.parent / f"{path.stem}.cases.toml").exists(), "a rule ships with its cases file"
+
+
+def test_rule_ids_unique():
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids))
+
+
+def _cases():
+    for path in CASE_FILES:
+        d = tomllib.loads(path.read_text())
+        for name, case in d.items():
+            if isinstance(case, dict):
+                yield pytest.param(d["rule"], case, id=f"{d['rule']}-{name}")
+
+
+def run_rule(rule_id: str, logs: dict[str, str], tmp_path: Path):
+    for name, text in logs.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text if text.endswith("\n") else text + "\n")
+    ctx = Context.build(build_events(tmp_path).events)
+    rule = next(r for r in RULES if r.id == rule_id)
+    found = []
+    for m in rule.matches:
+        for hit in DETECTORS[m.detector](ctx, **m.params):
+            found.append(engine.finding_of(rule, hit, ctx))
+    return found
+
+
+@pytest.mark.parametrize(("rule_id", "case"), list(_cases()))
+def test_rule_case(rule_id: str, case: dict, tmp_path: Path):
+    found = run_rule(rule_id, case["logs"], tmp_path)
+    exp = case["expect"]
+    if not exp["fires"]:
+        assert not found, f"{rule_id} should stay quiet, fired: {[f.message for f in found]}"
+        return
+    assert found, f"{rule_id} should fire"
+    f = found[0]
+    if "culprit_ranks" in exp:
+        assert sorted(f.culprit_ranks) == sorted(exp["culprit_ranks"])
+    if "op_type" in exp:
+        assert f.collective.op_type == exp["op_type"]
+    if "seq" in exp:
+        assert f.collective.seq == exp["seq"]
+    if "fix" in exp:
+        assert any(exp["fix"].lower() in fx.title.lower() for fx in f.fixes), [fx.title for fx in f.fixes]

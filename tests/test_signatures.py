@@ -1,0 +1,130 @@
+"""Every signature file: its `match` samples match and yield their fields, `no_match` samples don't."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import polars as pl
+import pytest
+
+from ncclforensics.ingest.envelope import ANSI, peel_all
+from ncclforensics.model import EVENT_SCHEMA, INT_COLUMNS
+from ncclforensics.parse.signatures import FIELD_TYPES, SIGNATURES_DIR, load_signatures
+
+SIGS = load_signatures().signatures
+IDS = [s.path for s in SIGS]
+
+
+def bodies(line: str) -> list[str]:
+    return [e.body for e in peel_all(ANSI.sub("", line))]
+
+
+def first_match(sig, line):
+    for body in bodies(line):
+        if any(lit in body for lit in sig.prefilter):
+            got = sig.match(body)
+            if got is not None:
+                return got
+    return None
+
+
+def test_signatures_exist():
+    assert len(SIGS) >= 30
+    assert {p.parent.name for p in SIGS_DIR_FILES()} >= {"nccl", "gloo", "torchrun", "kernel"}
+
+
+def SIGS_DIR_FILES():
+    return list(SIGNATURES_DIR.rglob("*.toml"))
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_file_layout(sig):
+    source, name = sig.path.split("/")
+    assert source == sig.source, "folder must be the source"
+    assert name == f"{sig.event}.toml", "file name must be the event"
+    assert sig.description, "describe the signature, with its FORMATS.md section"
+    assert sig.samples, "at least one match sample"
+    assert sig.no_match, "at least one no_match sample"
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_declared_fields_are_capture_groups(sig):
+    groups = set()
+    for rx in sig.variants:
+        groups |= set(rx.groupindex)
+    assert set(sig.fields) <= groups, f"declared but never captured: {set(sig.fields) - groups}"
+    assert groups <= set(sig.fields), f"captured but not declared: {groups - set(sig.fields)}"
+    assert set(sig.fields.values()) <= set(FIELD_TYPES)
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_match_samples(sig):
+    for sample in sig.samples:
+        got = first_match(sig, sample["line"])
+        assert got is not None, f"no match: {sample['line'][:120]}"
+        for key, want in sample.get("fields", {}).items():
+            assert got.get(key) == want, f"{key}: got {got.get(key)!r}, want {want!r}"
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_no_match_samples(sig):
+    for line in sig.no_match:
+        assert first_match(sig, line) is None, f"should not match: {line[:120]}"
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_prefilter_literal_present_in_every_match_sample(sig):
+    for sample in sig.samples:
+        assert any(any(lit in b for lit in sig.prefilter) for b in bodies(sample["line"]))
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_near_miss_line_is_bounded(sig):
+    # 1 MB of near-matches (prefilter literal + the sample's start, repeated) must not hang.
+    sample = sig.samples[0]["line"]
+    body = bodies(sample)[-1]
+    near = (body[: max(1, len(body) - 3)] + " ") * (1_000_000 // (len(body) + 1) + 1)
+    t0 = time.perf_counter()
+    sig.match(near)
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_regexes_have_no_nested_unbounded_quantifiers():
+    nested = re.compile(r"\((?:[^()]*[*+])[^()]*\)[*+]")
+    for sig in SIGS:
+        for rx in sig.variants:
+            assert not nested.search(rx.pattern), f"{sig.path}: nested quantifier in {rx.pattern[:80]}"
+
+
+# Event names other stages rely on (rules, align): renaming one breaks them silently.
+REQUIRED_EVENTS = {
+    "nccl_init", "nccl_version", "heartbeat_hang", "teardown", "comm_aborted", "desync_report", "nccl_error_trace",
+    "pg_init", "remote_error", "gloo_connect_failed", "running_collective", "ddp_error", "worker_group_restart",
+    "rendezvous_ranks", "error_file_copy", "srun_task_exit", "step_cancelled", "slurm_oom",
+    "watchdog_timeout", "watchdog_status", "dump_signal", "nccl_warn", "nccl_error", "fingerprint_mismatch",
+}
+
+
+def test_required_events_exist():
+    missing = REQUIRED_EVENTS - {s.event for s in SIGS}
+    assert not missing
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_description_names_its_section(sig):
+    assert re.search(r"(?:FORMATS|DESIGN)\.md §\d", sig.description), "name the FORMATS.md section"
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=IDS)
+def test_fields_named_like_a_column_have_its_type(sig):
+    # a field whose name is a column lands in that column (parse/lines.py): the types must agree
+    for name, kind in sig.fields.items():
+        if name not in EVENT_SCHEMA or name in ("extra", "text"):
+            continue
+        if name in INT_COLUMNS:
+            assert kind in ("int", "ms", "signal"), f"{name} is an integer column, not {kind}"
+        elif EVENT_SCHEMA[name] == pl.Utf8:
+            assert kind == "str", f"{name} is a text column, not {kind}"
+        else:
+            pytest.fail(f"{name} is a {EVENT_SCHEMA[name]} column: no signature field may fill it")
