@@ -183,25 +183,22 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner) -> int:
         line_no += n
     ctx.lines = line_no - 1 + (1 if last is not None and not last[0].endswith(b"\n") else 0)
     if last is not None:
-        tail = _tail(prev, last)
-        scanner.scan_tail(tail, line_no - tail.count("\n"), ctx)
+        scanner.scan_tail(*_tail(prev, last, line_no), ctx)
     stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
     return nbytes
 
 
-def _tail(prev: tuple[bytes, int] | None, last: tuple[bytes, int]) -> str:
-    """The file's last TAIL_CHARS bytes, starting on a line boundary, decoded."""
-    data = last[0]
+def _tail(prev: tuple[bytes, int] | None, last: tuple[bytes, int], next_line: int) -> tuple[bytes, int]:
+    """The bytes whose end scan_tail reads (the last chunk, or the end of the one before and the
+    last, when the last is shorter than TAIL_CHARS) and the number of their first line."""
+    data, first = last
     if len(data) < TAIL_CHARS and prev is not None:
         pdata = prev[0]
         cut = pdata.find(b"\n", max(0, len(pdata) - (TAIL_CHARS - len(data))))
         if cut >= 0:
             data = pdata[cut + 1 :] + data
-    elif len(data) > TAIL_CHARS:
-        cut = data.find(b"\n", len(data) - TAIL_CHARS)
-        if cut >= 0:
-            data = data[cut + 1 :]
-    return data.decode("utf-8", "replace")
+            first = next_line - data.count(b"\n")
+    return data, first
 
 
 def _read_dump(data: bytes, ctx: FileContext, *, is_pickle: bool) -> int:

@@ -153,16 +153,29 @@ class SignatureSet:
                                       key=lambda lit: (-len(lit), lit))
         self.weak_signatures = [s for s in self.signatures if s.weak]
         self.anchors = _cached_anchors(self.strong_literals)
+        # candidates() index: every strong literal contains an anchor, so a line's anchors name the
+        # few strong literals worth testing; weak literals (not covered by anchors) are tested directly.
+        order = {lit: i for i, lit in enumerate(self.by_literal)}
+        self._anchor_lits = {a: [lit for lit in self.strong_literals if a in lit] for a in self.anchors}
+        self._weak_lits = [lit for lit in self.by_literal if any(s.weak for s in self.by_literal[lit])]
+        self._weak_sigs = {lit: [s for s in self.by_literal[lit] if s.weak] for lit in self._weak_lits}
+        self._order = order
 
     def candidates(self, body: str, *, weak_only: bool = False) -> list[Signature]:
+        """The signatures whose prefilter literals occur in `body`, in signature-file order."""
+        lits = {lit for lit in self._weak_lits if lit in body}
+        if not weak_only:
+            for a in self.anchors:
+                if a in body:
+                    lits.update(lit for lit in self._anchor_lits[a] if lit in body)
+        if not lits:
+            return []
+        table = self._weak_sigs if weak_only else self.by_literal
         seen: list[Signature] = []
-        for lit, sigs in self.by_literal.items():
-            if weak_only and not any(s.weak for s in sigs):
-                continue
-            if lit in body:
-                for s in sigs:
-                    if s not in seen and (s.weak or not weak_only):
-                        seen.append(s)
+        for lit in sorted(lits, key=self._order.__getitem__):
+            for sig in table[lit]:
+                if sig not in seen:
+                    seen.append(sig)
         return seen
 
     def match_all(self, body: str, *, weak_only: bool = False) -> list[tuple[Signature, dict[str, object]]]:

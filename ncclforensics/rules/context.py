@@ -74,6 +74,17 @@ class Context:
     def kind_count(self, kind: str) -> int:
         return self.events.filter(pl.col("kind") == kind).height
 
+    @cached_property
+    def all_rows(self) -> list[dict]:
+        """Every row as a dict, built once (detectors read it; none may change a row)."""
+        return self.events.to_dicts()
+
+    @cached_property
+    def search_texts(self) -> list[str]:
+        """Per row of all_rows: detail, text and the NCCL `Last error:` text, for regex searches."""
+        return [f"{r.get('detail') or ''} {r.get('text') or ''} {extra(r).get('last_error') or ''}"
+                if r["source"] != "flight_recorder" else "" for r in self.all_rows]
+
     # -- facts -------------------------------------------------------------------------
     @cached_property
     def ranks_seen(self) -> list[int]:
@@ -131,13 +142,13 @@ class Context:
 
     @cached_property
     def first_symptom_ts(self):
-        ts = [r["ts"] for r in self.events.to_dicts() if r["ts"] is not None and is_symptom_row(r)]
+        ts = [r["ts"] for r in self.all_rows if r["ts"] is not None and is_symptom_row(r)]
         return min(ts) if ts else None
 
     @cached_property
     def symptom_ranks(self) -> set[int]:
         """Ranks with a row showing they reacted to a peer (timeouts, closed connections)."""
-        return {r["rank"] for r in self.events.to_dicts()
+        return {r["rank"] for r in self.all_rows
                 if r["rank"] is not None and r["kind"] not in ("child_failed", "worker_failed")
                 and is_symptom_row(r)}
 
@@ -150,7 +161,7 @@ class Context:
         """
         out: dict[int, dict] = {}
         symptomatic = self.symptom_ranks
-        for r in self.events.to_dicts():
+        for r in self.all_rows:
             rank = r["rank"]
             if rank is None or r["source"] == "flight_recorder" or is_symptom_row(r):
                 continue

@@ -552,10 +552,9 @@ def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
     rx = _LAUNCH[problem]
     checks = _LAUNCH_FRAMES.get(problem, frozenset())
     # NCCL's WARN text often survives only after `Last error:` (NCCL_DEBUG unset, FORMATS.md §5.1)
-    rows = [r for r in ctx.events.to_dicts()
+    rows = [r for r, text in zip(ctx.all_rows, ctx.search_texts, strict=True)
             if r["source"] != "flight_recorder" and (
-                rx.search(f"{r.get('detail') or ''} {r.get('text') or ''} {extra(r).get('last_error') or ''}")
-                or (checks and r["kind"] == "exception" and _frame_fns(r) & checks))]
+                rx.search(text) or (checks and r["kind"] == "exception" and _frame_fns(r) & checks))]
     if not rows:
         return []
     if problem == "port" and ctx.training_started:
@@ -683,6 +682,6 @@ def checkpoint_exception(ctx: Context) -> list[Hit]:
 
 
 def symptom_only(ctx: Context) -> bool:
-    rows = ctx.events.to_dicts()
+    rows = ctx.all_rows
     return bool(rows) and all(is_symptom_row(r) or r["kind"] in ("step_progress", "fr_entry", "fr_status", "fr_pg")
                               for r in rows)
