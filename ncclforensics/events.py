@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import queue
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,53 +102,143 @@ class _Chain:
         return self._rest.read(n)
 
 
+READ_AHEAD = 2  # prepared chunks the reader thread may hold ahead of the scanner (each <= 2 x CHUNK_SIZE)
+
+
 def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
-    """Read every source under `path` into the event table. Raises NoInputError for a missing path."""
+    """Read every source under `path` into the event table. Raises NoInputError for a missing path.
+
+    A reader thread walks the sources, reads and decompresses them and runs the polars prefilters
+    (which release the GIL) one chunk or file ahead; this thread does the line-level Python work
+    on the hits, in file order. Memory stays flat: at most READ_AHEAD prepared chunks wait.
+    """
     root = Path(path)
     result = IngestResult(run=run_name(root), events=pl.DataFrame(schema=EVENT_SCHEMA))
     scanner = LineScanner(load_signatures())
     contexts: list[FileContext] = []
     mtimes: list[float] = []
-    walking = root.is_dir() or archive.is_archive(root.name)
-    for src in iter_sources(root):
-        if src.skipped:
-            result.skipped.append(Skipped(src.name, src.skipped))
-            continue
-        if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
-            result.skipped.append(Skipped(src.name, "not a log (script, config, document or data file)"))
-            continue
-        ctx = path_hints(src.name)
-        try:
-            nbytes = _read_source(src, ctx, scanner)
-        except UnsafeInputError as exc:
-            result.skipped.append(Skipped(src.name, str(exc)))
-            if ctx.rows or ctx.lines:
-                result.notes.append(f"{src.name}: read only in part ({exc})")
-                contexts.append(ctx)
-            continue
-        except decode.BinaryContent as exc:
-            result.skipped.append(Skipped(src.name, str(exc)))
-            continue
-        except OSError as exc:
-            result.skipped.append(Skipped(src.name, f"unreadable ({exc.strerror or exc})"))
-            continue
-        if nbytes == 0 and not ctx.rows:
-            result.skipped.append(Skipped(src.name, "empty file"))
-            continue
-        result.files += 1
-        result.bytes += nbytes
-        result.lines += ctx.lines
-        contexts.append(ctx)
-        if src.mtime:
-            mtimes.append(src.mtime)
-        if progress is not None:
-            progress(src.name, nbytes)
+    with _Reader(root, scanner) as reader:
+        for item in reader:
+            match item:
+                case ("skip", name, reason):
+                    result.skipped.append(Skipped(name, reason))
+                case ("chunk", ctx, prep, first_line):
+                    scanner.finish_chunk(prep, first_line, ctx)
+                case ("tail", ctx, tail):
+                    scanner.finish_tail(tail, ctx)
+                case ("end", src, ctx, nbytes, exc):
+                    _file_done(result, contexts, mtimes, src, ctx, nbytes, exc)
+                    if progress is not None and exc is None and ctx in contexts:
+                        progress(src.name, nbytes)
     rows = [r for c in contexts for r in c.rows + [p for ps in c.progress.values() for p in ps]]
     result.events, result.year_source = _table(rows, result.run, mtimes)
     return result
 
 
-def _read_source(src: Source, ctx: FileContext, scanner: LineScanner) -> int:
+def _file_done(result: IngestResult, contexts: list[FileContext], mtimes: list[float], src: Source,
+               ctx: FileContext, nbytes: int, exc: BaseException | None) -> None:
+    """Book a source that was read to its end (or to the error that stopped it)."""
+    if isinstance(exc, UnsafeInputError):
+        result.skipped.append(Skipped(src.name, str(exc)))
+        if ctx.rows or ctx.lines:
+            result.notes.append(f"{src.name}: read only in part ({exc})")
+            contexts.append(ctx)
+        return
+    if isinstance(exc, decode.BinaryContent):
+        result.skipped.append(Skipped(src.name, str(exc)))
+        return
+    if isinstance(exc, OSError):
+        result.skipped.append(Skipped(src.name, f"unreadable ({exc.strerror or exc})"))
+        return
+    if nbytes == 0 and not ctx.rows:
+        result.skipped.append(Skipped(src.name, "empty file"))
+        return
+    result.files += 1
+    result.bytes += nbytes
+    result.lines += ctx.lines
+    contexts.append(ctx)
+    if src.mtime:
+        mtimes.append(src.mtime)
+
+
+class _Reader:
+    """The reader thread: sources -> ("skip" | "chunk" | "tail" | "end", ...) items, in file order.
+
+    It owns the source streams (a tar member's stream is valid only until the next member) and
+    touches a FileContext only before handing it over (Flight Recorder dumps, error.json): the
+    scanner thread writes the rest. An exception outside any one file ends the walk and is raised
+    again in the scanner thread.
+    """
+
+    _DONE = object()
+
+    def __init__(self, root: Path, scanner: LineScanner) -> None:
+        self.root = root
+        self.scanner = scanner
+        self.queue: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ncclforensics-reader", daemon=True)
+
+    def __enter__(self) -> _Reader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()  # the scanner is done (or failed): let the reader leave a blocked put()
+        self.thread.join()
+
+    def __iter__(self):
+        while True:
+            item = self.queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, tuple) and item[0] == "fatal":
+                raise item[1]
+            yield item
+
+    def _put(self, item: object) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _run(self) -> None:
+        try:
+            walking = self.root.is_dir() or archive.is_archive(self.root.name)
+            for src in iter_sources(self.root):
+                if src.skipped:
+                    self._put(("skip", src.name, src.skipped))
+                    continue
+                if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
+                    self._put(("skip", src.name, "not a log (script, config, document or data file)"))
+                    continue
+                ctx = path_hints(src.name)
+                nbytes, exc = 0, None
+                try:
+                    nbytes = _read_source(src, ctx, self.scanner, self._put)
+                except (UnsafeInputError, decode.BinaryContent, OSError) as err:
+                    exc = err
+                self._put(("end", src, ctx, nbytes, exc))
+            self._put(self._DONE)
+        except _Stopped:
+            return
+        except BaseException as err:  # re-raised in the scanner thread, which reports it
+            try:
+                self._put(("fatal", err))
+            except _Stopped:
+                return
+
+
+class _Stopped(Exception):
+    """The scanner thread stopped listening."""
+
+
+def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Callable[[object], None]) -> int:
+    """Read one source in the reader thread; hands ("chunk", ...) and ("tail", ...) items to `put`
+    and returns the bytes read."""
     stream = src.stream
     head = stream.read(decode.HEAD_SIZE)
     kind = decode.sniff(head)
@@ -158,7 +250,8 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner) -> int:
         return 0
     leaf = src.name.rsplit("/", 1)[-1]
     if kind == "pickle":
-        return _read_dump(head + stream.read(flight_recorder.MAX_DUMP_BYTES + 1), ctx, is_pickle=True)
+        n = _read_dump(head + stream.read(flight_recorder.MAX_DUMP_BYTES + 1), ctx, is_pickle=True)
+        return n
     if leaf.endswith(".json") and head.lstrip().startswith(b"{"):
         data = head + stream.read(MAX_JSON_BYTES)
         used = _read_json(data, ctx)
@@ -176,22 +269,28 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner) -> int:
     nbytes = 0
     line_no = 1
     prev = last = None
-    for data in chunks:
-        nbytes += len(data)
-        n = scanner.scan_chunk(data, line_no, ctx)
-        prev, last = last, (data, line_no)
-        line_no += n
-    ctx.lines = line_no - 1 + (1 if last is not None and not last[0].endswith(b"\n") else 0)
+    try:
+        for data in chunks:
+            nbytes += len(data)
+            prep = scanner.prepare_chunk(data)
+            if last is not None:
+                last[2].frame = None  # only the last chunk's frame is kept (prepare_tail reuses it)
+            put(("chunk", ctx, prep, line_no))
+            prev, last = last, (data, line_no, prep)
+            line_no += prep.newlines
+    finally:  # what was read counts, also when the stream broke off
+        ctx.lines = line_no - 1 + (1 if last is not None and not last[0].endswith(b"\n") else 0)
     if last is not None:
-        scanner.scan_tail(*_tail(prev, last, line_no), ctx)
+        data, first = _tail(prev, last, line_no)
+        put(("tail", ctx, scanner.prepare_tail(data, first, last[2])))
     stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
     return nbytes
 
 
-def _tail(prev: tuple[bytes, int] | None, last: tuple[bytes, int], next_line: int) -> tuple[bytes, int]:
+def _tail(prev: tuple | None, last: tuple, next_line: int) -> tuple[bytes, int]:
     """The bytes whose end scan_tail reads (the last chunk, or the end of the one before and the
     last, when the last is shorter than TAIL_CHARS) and the number of their first line."""
-    data, first = last
+    data, first = last[0], last[1]
     if len(data) < TAIL_CHARS and prev is not None:
         pdata = prev[0]
         cut = pdata.find(b"\n", max(0, len(pdata) - (TAIL_CHARS - len(data))))

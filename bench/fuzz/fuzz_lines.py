@@ -110,8 +110,8 @@ def _scan(data: bytes) -> None:
         line += SCANNER.scan_chunk(chunk, line, ctx)
         last = chunk
     if last:
-        SCANNER.scan_tail(last.decode("utf-8", "replace"), max(1, line - last.count(b"\n")), ctx)
-    for row in ctx.rows + ctx.progress:
+        SCANNER.scan_tail(last, max(1, line - last.count(b"\n")), ctx)
+    for row in ctx.rows + [p for ps in ctx.progress.values() for p in ps]:
         assert isinstance(row["line"], int) and row["line"] >= 1, row
         assert isinstance(row.get("text", ""), str)
 

@@ -43,6 +43,27 @@ class FileContext:
     seen: set = field(default_factory=set)  # (line, kind, rank) already emitted
 
 
+@dataclass
+class Chunk:
+    """A byte chunk after the block prefilter: hits are (block index, newlines before that block)."""
+
+    data: bytes
+    spans: list[tuple[int, int]]
+    frame: pl.DataFrame | None
+    hits: list[tuple[int, int]]
+    newlines: int
+
+
+@dataclass
+class Tail:
+    """A file's last bytes and which of their blocks hold a weak literal."""
+
+    data: bytes
+    spans: list[tuple[int, int]]
+    hit_blocks: list[int]
+    first_line: int
+
+
 def _column_value(name: str, value: object) -> bool:
     return name in EVENT_SCHEMA and name not in ("file", "line", "text", "source", "kind", "run", "extra")
 
@@ -64,34 +85,85 @@ class LineScanner:
         # run several times faster than polars' contains_any (Aho-Corasick) over the same literals.
         self.weak_exprs = _literal_groups(self.weak_literals, WEAK_GROUP)
         self.block_exprs = _literal_groups(anchors, ANCHOR_GROUP)
-        self._last: tuple[bytes, list[tuple[int, int]], pl.DataFrame] | None = None  # scan_chunk's last frame
 
-    def scan_tail(self, data: bytes, first_line: int, ctx: FileContext) -> None:
-        """Weak signatures (progress, side work) over a file's last TAIL_CHARS bytes: each rank's last news.
+    # Each scan has two steps: prepare_* (reading bytes, polars prefilters; no FileContext, so the
+    # reader thread of events.build_events runs it ahead) and finish_* (Python, line by line).
 
-        `data` is the file's last chunk (or its last bytes), `first_line` the number of its first line.
-        Walks back from the end, keeping the last TAIL_PER_WRITER hits of each writer (rank), and
-        stops once TAIL_QUIET hits in a row brought no new writer: a per-rank file stops after a
-        few lines, a console shared by hundreds of ranks goes back until it has seen them all.
-        """
+    def scan_chunk(self, data: bytes, first_line: int, ctx: FileContext) -> int:
+        """Scan one byte chunk; returns the number of newlines in it."""
+        prep = self.prepare_chunk(data)
+        self.finish_chunk(prep, first_line, ctx)
+        return prep.newlines
+
+    def scan_tail(self, data: bytes, first_line: int, ctx: FileContext, chunk: Chunk | None = None) -> None:
+        """Weak signatures over a file's last TAIL_CHARS bytes (see finish_tail)."""
+        self.finish_tail(self.prepare_tail(data, first_line, chunk), ctx)
+
+    # -- block level -------------------------------------------------------------------
+    def prepare_chunk(self, data: bytes) -> Chunk:
+        """Which ~64 KiB blocks of the chunk hold an anchor (or a colour code), and its newlines."""
+        spans = _block_spans(data)
+        if not spans:
+            return Chunk(data, spans, None, [], 0)
+        if len(data) <= SMALL_CHUNK and not any(a in data for a in self.anchor_bytes):
+            # a small file with nothing of interest: no polars round trip
+            return Chunk(data, spans, None, [], data.count(b"\n"))
+        frame = pl.DataFrame([_utf8_blocks(data, spans)])
+        # colour codes can sit inside a literal: such blocks go to Python, which strips them
+        groups = {f"g{i}": e for i, e in enumerate(self.block_exprs)}
+        res = frame.select(**groups, ansi=pl.col("b").str.contains("\x1b[", literal=True),
+                           nl=pl.col("b").str.count_matches("\n", literal=True).fill_null(-1))
+        counts = [c if c >= 0 else data.count(b"\n", *spans[k]) for k, c in enumerate(res["nl"].to_list())]
+        hits = res.select(pl.any_horizontal(pl.exclude("nl"))).to_series().arg_true().to_list()
+        before = []
+        line_at = 0
+        done = 0
+        for bi in hits:
+            line_at += sum(counts[done:bi])
+            done = bi
+            before.append(line_at)
+        return Chunk(data, spans, frame, list(zip(hits, before, strict=True)), sum(counts))
+
+    def finish_chunk(self, prep: Chunk, first_line: int, ctx: FileContext) -> None:
+        """Signatures and blocks on the lines of the chunk's hit blocks."""
+        data = prep.data
+        for bi, before in prep.hits:
+            a, b = prep.spans[bi]
+            ext_end = data.find(b"\n", min(len(data), b + LOOKAHEAD_CHARS))
+            ext_end = len(data) if ext_end < 0 else ext_end
+            n_own = data.count(b"\n", a, b) + (1 if b == len(data) and not data.endswith(b"\n") else 0)
+            text = data[a:ext_end].decode("utf-8", "replace")
+            self._scan_block(text.split("\n"), n_own or 1, first_line + before, ctx)
+
+    def prepare_tail(self, data: bytes, first_line: int, chunk: Chunk | None = None) -> Tail:
+        """The tail's blocks that hold a weak literal. `data` is the file's last chunk (`chunk`, whose
+        polars frame is reused, when it is that chunk) or its last bytes; `first_line` numbers its
+        first line."""
         if not self.weak_exprs or not data:
-            return
-        if self._last is not None and self._last[0] is data:  # the frame scan_chunk built for it
-            _, spans, frame = self._last
-            self._last = None  # the chunk's memory goes with this call
+            return Tail(data, [], [], first_line)
+        if chunk is not None and chunk.data is data and chunk.frame is not None:
+            spans, frame = chunk.spans, chunk.frame
         else:
             spans = _block_spans(data)
             frame = pl.DataFrame([_utf8_blocks(data, spans)])
         start = max(0, len(data) - TAIL_CHARS)
         k0 = next((k for k, (_, b) in enumerate(spans) if b > start), len(spans))
-        # Which blocks of the tail hold a weak literal at all, then the lines of those only.
         hit_blocks = [k0 + k for k in _any_hit(frame.slice(k0), self.weak_exprs)]
+        return Tail(data, spans, hit_blocks, first_line)
+
+    def finish_tail(self, tail: Tail, ctx: FileContext) -> None:
+        """Weak signatures (progress, side work) over the tail's hit blocks: each rank's last news.
+
+        Walks back from the end, keeping the last TAIL_PER_WRITER hits of each writer (rank), and
+        stops once TAIL_QUIET hits in a row brought no new writer: a per-rank file stops after a
+        few lines, a console shared by hundreds of ranks goes back until it has seen them all.
+        """
         lines: list[str] = []
         line_at: list[int] = []
-        for bi in hit_blocks:
-            a, b = spans[bi]
-            base = first_line + data.count(b"\n", 0, a)
-            block_lines = data[a:b].decode("utf-8", "replace").split("\n")
+        for bi in tail.hit_blocks:
+            a, b = tail.spans[bi]
+            base = tail.first_line + tail.data.count(b"\n", 0, a)
+            block_lines = tail.data[a:b].decode("utf-8", "replace").split("\n")
             if block_lines and block_lines[-1] == "":
                 block_lines.pop()
             lines += block_lines
@@ -114,37 +186,6 @@ class LineScanner:
                     continue
                 for sig, fields in self.sigset.match_all(env.body, weak_only=True):
                     self._emit(ctx, sig.source, sig.event, fields, env, line_at[i], clean)
-
-    # -- block level -------------------------------------------------------------------
-    def scan_chunk(self, data: bytes, first_line: int, ctx: FileContext) -> int:
-        """Scan one byte chunk; returns the number of newlines in it."""
-        spans = _block_spans(data)
-        if not spans:
-            return 0
-        if len(data) <= SMALL_CHUNK and not any(a in data for a in self.anchor_bytes):
-            return data.count(b"\n")  # a small file with nothing of interest: no polars round trip
-        blk = _utf8_blocks(data, spans)
-        frame = pl.DataFrame([blk])
-        self._last = (data, spans, frame)
-        # colour codes can sit inside a literal: such blocks go to Python, which strips them
-        groups = {f"g{i}": e for i, e in enumerate(self.block_exprs)}
-        res = frame.select(**groups, ansi=pl.col("b").str.contains("\x1b[", literal=True),
-                           nl=pl.col("b").str.count_matches("\n", literal=True).fill_null(-1))
-        counts = res["nl"].to_list()
-        hits = res.select(pl.any_horizontal(pl.exclude("nl"))).to_series().arg_true().to_list()
-        line_at = first_line
-        done = 0
-        for bi in hits:
-            for k in range(done, bi):
-                line_at += counts[k] if counts[k] >= 0 else data.count(b"\n", *spans[k])
-            done = bi
-            a, b = spans[bi]
-            ext_end = data.find(b"\n", min(len(data), b + LOOKAHEAD_CHARS))
-            ext_end = len(data) if ext_end < 0 else ext_end
-            n_own = data.count(b"\n", a, b) + (1 if b == len(data) and not data.endswith(b"\n") else 0)
-            text = data[a:ext_end].decode("utf-8", "replace")
-            self._scan_block(text.split("\n"), n_own or 1, line_at, ctx)
-        return sum(c if c >= 0 else data.count(b"\n", *spans[k]) for k, c in enumerate(counts))
 
     # -- line level --------------------------------------------------------------------
     def _scan_block(self, lines: list[str], n_own: int, line0: int, ctx: FileContext) -> None:
