@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gzip
 import io
+import random
 import tarfile
 import zipfile
+import zlib
 
 import pytest
 
@@ -253,3 +255,39 @@ def test_archive_that_is_only_garbage(tmp_path):
     res = ingest(run)
     assert res.files == 0 and set(reasons(res)) == {"a.tar.gz", "b.zip", "c.tar", "d.tar.zst"}
     assert "no readable log files" in run_cli(run, 3).stderr
+
+
+def test_big_truncated_gz_loses_only_the_last_small_step(tmp_path):
+    """Far from the end of a file on disk, decompression runs in 1 MiB steps; near the end in 8 KiB
+    steps, so a cut .gz or .tar.gz still yields nearly everything decoded before the cut."""
+    rng = random.Random(5)
+    parts: list[bytes] = []
+    offsets: list[tuple[int, int]] = []  # (offset of the line's end, seq)
+    pos = 0
+    for seq in range(1000, 2600):
+        line = (watchdog(seq) + "\n").encode()
+        pos += len(line)
+        offsets.append((pos, seq))
+        filler = "".join(f"noise {rng.getrandbits(128):032x}\n" for _ in range(300)).encode()
+        parts += [line, filler]
+        pos += len(filler)
+    body = b"".join(parts)
+    comp = gzip.compress(body, 1)
+    assert len(comp) > 2 * archive.END_MARGIN  # the big steps are taken
+    cut = comp[: int(len(comp) * 0.8)]
+    recoverable = len(zlib.decompressobj(31).decompress(cut))
+    run = tmp_path / "run"
+    put(run, "big.log.gz", cut)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tf:
+        tar_add(tf, "member.log", body)
+    tar_cut = buf.getvalue()[: int(len(buf.getvalue()) * 0.8)]
+    tar_recoverable = len(zlib.decompressobj(31).decompress(tar_cut)) - 512  # the member's header
+    put(run, "big.tar.gz", tar_cut)
+    res = ingest(run)
+    for name, avail in (("big.log", recoverable), ("big.tar.gz!member.log", tar_recoverable)):
+        seqs = res.events.filter(res.events["file"] == name)["seq"].to_list()
+        # everything up to a few 8 KiB steps before the cut, nothing after it
+        want = max(seq for end, seq in offsets if end <= avail - 4 * archive.READ_STEP)
+        assert seqs and max(seqs) >= want, (name, max(seqs or [0]), want)
+        assert max(seqs) <= max(seq for end, seq in offsets if end <= avail)
