@@ -98,7 +98,9 @@ def run_facts(res: IngestResult, ctx: Context) -> RunFacts:
 def rank_rows(ctx: Context, root: Finding) -> list[dict]:
     """Per rank x PG state for --json and the report (DESIGN.md §4 `ranks`)."""
     culprits = set(root.culprit_ranks)
+    # failed waiting for a peer: a timeout, the peer closing the connection, an abort (symptom rows)
     waiting = {r["rank"] for r in ctx.rows("watchdog_timeout", "gloo_timeout") if r["rank"] is not None}
+    waiting |= ctx.symptom_ranks
     crashed = set(ctx.self_failures)
     fr = {(r["pg"], r["rank"]): r for r in ctx.frontier.iter_rows(named=True)}
     ranks = sorted(set(ctx.ranks_seen) | {k[1] for k in fr})

@@ -75,8 +75,11 @@ def run_rule(rule_id: str, logs: dict[str, str], tmp_path: Path):
 
 
 @pytest.mark.parametrize(("rule_id", "case"), list(_cases()))
-def test_rule_case(rule_id: str, case: dict, tmp_path: Path):
+def test_rule_case(rule_id: str, case: dict, tmp_path: Path, monkeypatch):
+    missing: list[str] = []  # message/title/fix placeholders the detector gave no value for (shown as "?")
+    monkeypatch.setattr(engine._Blank, "__missing__", lambda self, key: missing.append(key) or "?")
     found = run_rule(rule_id, case["logs"], tmp_path)
+    assert not missing, f"{rule_id}: no value for {sorted(set(missing))} in {[f.message for f in found]}"
     exp = case["expect"]
     if not exp["fires"]:
         assert not found, f"{rule_id} should stay quiet, fired: {[f.message for f in found]}"

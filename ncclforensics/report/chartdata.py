@@ -15,7 +15,7 @@ STATES = ("culprit", "crashed", "waiting", "seen", "no_log")
 STATE_TEXT = {
     "culprit": "culprit",
     "crashed": "failed or exited",
-    "waiting": "timed out waiting",
+    "waiting": "failed waiting for a peer",
     "seen": "no failure line",
     "no_log": "no log lines",
 }

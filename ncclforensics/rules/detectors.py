@@ -676,7 +676,7 @@ def checkpoint_exception(ctx: Context) -> list[Hit]:
         if _SAVING.search(text) and _CKPT.search(text) and \
                 re.search(r"Error|No space|Permission|exists", r.get("detail") or ""):
             hits.append(Hit(culprits=[rk], evidence=ctx.evidence_rows([r]), ts=r["ts"],
-                            fields={"exc": (r.get("detail") or "")[:200], "ranks": str(rk)},
+                            fields={"exc": (r.get("detail") or "")[:200], **_rank_fields([rk])},
                             collective=_stuck_collective(ctx), params={"mode": "collective"}))
     return hits
 

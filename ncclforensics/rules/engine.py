@@ -20,8 +20,10 @@ class _Blank(dict):
 
 
 def _format(template: str, fields: dict) -> str:
+    """`template` with `fields`; `{x_lc}` is field x with a lower-case first letter (mid-sentence)."""
+    derived = {f"{k}_lc": v[:1].lower() + v[1:] for k, v in fields.items() if isinstance(v, str)}
     try:
-        return string.Formatter().vformat(template, (), _Blank(fields))
+        return string.Formatter().vformat(template, (), _Blank({**derived, **fields}))
     except (ValueError, IndexError, KeyError):
         return template
 
