@@ -176,6 +176,46 @@ def tar_compression(name: str) -> str | None:
     return None
 
 
+class ForwardOnly(io.RawIOBase):
+    """A stream that seeks forward by reading (and refuses to go back): enough for tarfile's "r:"
+    mode read member by member, in order."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self._inner = inner
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._inner.read(n)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("seek from the end of a stream")
+        if offset < self._pos:
+            raise io.UnsupportedOperation("seek backwards in a stream")
+        while self._pos < offset:
+            if not self.read(min(offset - self._pos, BIG_STEP)):
+                break  # the end: the caller's next read finds no data
+        return self._pos
+
+
 def iter_tar(raw: BinaryIO, label: str, size: int | None = None) -> Iterator[Member]:
     """Members of a (possibly compressed) tar in stream mode: each stream is valid until the next.
 
@@ -184,10 +224,14 @@ def iter_tar(raw: BinaryIO, label: str, size: int | None = None) -> Iterator[Mem
     """
     kind = tar_compression(label)
     far = far_from_end(raw, size)  # the archive on disk: members far from its end read in big steps
+    mode = "r|*"  # tarfile's stream mode finds a compression the name does not state
     if kind is not None:
         raw = decompressing(raw, kind, size, label, far)
+        # Our own decompressed stream: tarfile's random-access mode over a forward-only view reads
+        # member data in large pieces; its stream mode hands it over in 10 KiB records (2x slower).
+        raw, mode = ForwardOnly(raw), "r:"
     try:
-        tf = tarfile.open(fileobj=raw, mode="r|*")
+        tf = tarfile.open(fileobj=raw, mode=mode)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise UnsafeInputError(f"not a readable tar archive ({exc})") from None
     count = 0
