@@ -425,25 +425,37 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
     return df.select(list(EVENT_SCHEMA)), year_source
 
 
+def _map_rank(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Fill `rank` from rows with the same `keys` that name exactly one rank."""
+    known = (df.filter(pl.col("rank").is_not_null() & pl.all_horizontal(pl.col(k).is_not_null() for k in keys))
+             .group_by(keys).agg(pl.col("rank").n_unique().alias("_n"), pl.col("rank").first().alias("_r"))
+             .filter(pl.col("_n") == 1).drop("_n"))
+    df = df.join(known, on=keys, how="left", maintain_order="left")
+    return df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
+
+
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
     if df.is_empty():
         return df
-    # (node, local_rank) -> rank, from rows that carry both (tee + rank prefix, ChildFailedError)
-    pairs = (df.filter(pl.col("rank").is_not_null() & pl.col("local_rank").is_not_null())
-             .group_by(["node", "local_rank"]).agg(pl.col("rank").mode().first().alias("_r")))
-    df = df.join(pairs, on=["node", "local_rank"], how="left")
-    df = df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
+    # Where a row ran: its node (torchrun log-dir tree, host folder), else its host, else the one host
+    # its file names, else the file. Local ranks and pids mean something only within one such place.
+    file_host = (df.filter(pl.col("host").is_not_null()).group_by("file")
+                 .agg(pl.col("host").n_unique().alias("_nh"), pl.col("host").first().alias("_fh"))
+                 .filter(pl.col("_nh") == 1).select("file", "_fh"))
+    df = df.join(file_host, on="file", how="left").with_columns(
+        pl.when(pl.col("node") != "").then(pl.col("node")).otherwise(pl.coalesce("host", "_fh", "file")).alias("_at")
+    ).drop("_fh")
+    # (place, local_rank) -> rank, from rows that carry both (tee + rank prefix, ChildFailedError,
+    # NCCL init); a pair that maps to more than one rank says nothing.
+    df = _map_rank(df, ["_at", "local_rank"])
     # a single-node run: local rank == global rank
     nodes = df.filter(pl.col("local_rank").is_not_null())["node"].unique().to_list()
     hosts = df["host"].drop_nulls().unique().to_list()
     if len(nodes) <= 1 and len(hosts) <= 1:
         df = df.with_columns(pl.coalesce("rank", "local_rank").alias("rank"))
     # worker pid -> rank (ChildFailedError, error.json, worker_failed lines carry pids)
-    pid_map = (df.filter(pl.col("rank").is_not_null() & pl.col("pid").is_not_null())
-               .group_by("pid").agg(pl.col("rank").mode().first().alias("_r")))
-    df = df.join(pid_map, on="pid", how="left")
-    df = df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
+    df = _map_rank(df, ["_at", "pid"]).drop("_at")
     # and rank -> host, where some line of that rank named its host
     host_map = (df.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
                 .group_by("rank").agg(pl.col("host").mode().first().alias("_h")))
