@@ -315,3 +315,35 @@ def test_foundation_layouts_give_the_same_collective_rows(tmp_path: Path):
     console = rows("console")
     assert console == rows("rank_files") == rows("log_dir")
     assert {r[1] for r in console if r[0] == "dump_signal"} == set(range(8))
+
+
+# -- multi-host consoles: local ranks mean something only on their own host --------------------
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_xid_on_one_host_of_four_tee_consoles(tmp_path: Path, seed: int):
+    """Four `<host>.log` tee consoles (`[default<lr>]:` = local rank) in one folder, the same GPU bus
+    ids on every host, an Xid 79 on host 3's GPU 1 before every other rank times out: the culprit is
+    global rank 9 (node 2, local 1), every time, never local rank 1 of another host."""
+    run = NcclRun(world_size=16, nproc_per_node=4, seed=seed)
+    t = start_run(run)
+    t = run.progress(list(range(16)), range(100, 120), t, epoch=1)
+    bus = run.bus_id(9)  # "2a000" on every host: PCI 0000:2a:00
+    run.dmesg(2, f"NVRM: Xid (PCI:0000:{bus[:2]}:00): 79, pid='<unknown>', name=<unknown>, "
+                 "GPU has fallen off the bus.", t + 5)
+    first = run.hang(waiting=[r for r in range(16) if r != 9], seq=2403, op="ALLREDUCE", numel_in=GRAD_NUMEL,
+                     numel_out=GRAD_NUMEL, at=t + 605, lagging={9: (2402, 2402)}, first=4)
+    run.torchrun_failure(dict.fromkeys(range(16), -6), t + 607, first=first)
+    path = run.write(tmp_path / "run", layout="console")
+    assert {p.name for p in path.iterdir()} >= {f"{run.host(n)}.log" for n in range(4)}
+    res = analyze_path(path)
+    v = res.diagnosis.verdict
+    assert (v.root_cause.value, v.culprit_ranks) == ("gpu_hardware", [9])
+    ev = res.ingest.events.with_columns(pl.col("kind").cast(pl.Utf8))
+    init = ev.filter(pl.col("kind") == "nccl_init")
+    # every NCCL init row keeps the global rank its own line states
+    assert all(x["rank"] == json_rank(x["extra"]) for x in init.to_dicts())
+
+
+def json_rank(extra: str) -> int:
+    import json
+
+    return int(json.loads(extra)["nccl_rank"])
