@@ -39,6 +39,7 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[_\-]?(?P<r>\d{1,6})(?![\d])", re.I)
 # node05, gpu-q17, ip-10-0-0-1, worker12.cluster: letters, then a number that ends the short name
 _HOSTISH = re.compile(r"^[A-Za-z][A-Za-z\-_]{0,40}\d[\d\-]{0,20}(?:\.[A-Za-z][\w\-]{0,62}){0,6}$")
 _DMESG_HOST = re.compile(r"^(?:dmesg|kern|syslog|messages)[-_.](?P<host>[A-Za-z][\w.\-]+?)(?:\.(?:log|txt|out))?$")
+_EXTENSIONS = frozenset({"txt", "log", "out", "err", "gz", "bz2", "zst", "xz", "json"})
 _NOT_HOST_DIRS = re.compile(
     r"^(?:attempt_\d+|\d+|logs?|torchrun_logs|fr_trace\w*|run\w*|job\w*|step\w*|output\w*|tmp|rank\w*|"
     r"epoch\w*|case\w*|test\w*|exp\w*|v\d+)$", re.I)
@@ -74,7 +75,7 @@ def path_hints(name: str) -> FileContext:
         if rm is not None:
             ctx.rank = int(rm.group("r"))
     dm = _DMESG_HOST.match(leaf)
-    if dm is not None:
+    if dm is not None and dm.group("host").lower() not in _EXTENSIONS:  # dmesg.txt names no host
         ctx.host = dm.group("host")
     for d in reversed(dirs):
         if _HOSTISH.match(d) and not _NOT_HOST_DIRS.match(d):

@@ -271,3 +271,13 @@ def test_nccl_lines_are_their_own_writer() -> None:
     assert a.key == "gpu-q17:58213 "
     assert b.key == "[default5]:gpu-q17:58213 "
     assert peel("[default5]:step 4").key == "[default5]:"
+
+
+@pytest.mark.parametrize(("name", "host"), [
+    ("dmesg-gpu-q17.txt", "gpu-q17"), ("kern.gpu-b.log", "gpu-b"), ("syslog_node05", "node05"),
+    ("dmesg.txt", None), ("dmesg.log", None), ("kern.log", None), ("node05/dmesg.txt", "node05"),
+])
+def test_kernel_log_names_give_the_host(name: str, host: str | None):
+    from ncclforensics.events import path_hints
+
+    assert path_hints(name).host == host
