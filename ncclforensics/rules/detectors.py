@@ -362,7 +362,11 @@ _NCCL_RAISED = re.compile(r"NCCL (?:error|timeout) in: ")
 @detector
 def rank_exception(ctx: Context) -> list[Hit]:
     """A rank raised an exception of its own (not a reaction to a peer) before the others failed."""
-    own = {rk: r for rk, r in ctx.self_failures.items() if r["kind"] in ("exception", "error_file")
+    # a CUDA error of the rank's own kernels (illegal address, device-side assert) is its exception;
+    # the hardware ones (ECC, fallen off the bus) are HW001's
+    own = {rk: r for rk, r in ctx.self_failures.items()
+           if (r["kind"] in ("exception", "error_file")
+               or (r["kind"] == "cuda_error" and not _HW_CUDA.search(r.get("detail") or "")))
            and not (_NCCL_RAISED.search(r.get("detail") or "") and not ctx.training_started)}
     if not own:
         return []
@@ -372,9 +376,15 @@ def rank_exception(ctx: Context) -> list[Hit]:
     if ctx.world_size and len(culprits) >= ctx.world_size > 1 and not _waiting_ranks(ctx):
         return []  # every rank raised: a launch or code problem, see all_ranks_crashed
     exc = (first[0].get("detail") or first[0]["text"] or "")[:200]
+    cuda = first[0]["kind"] == "cuda_error" or bool(_CUDA_RAISED.search(exc))
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(first + _peer_symptoms(ctx, culprits)),
                 fields={"exc": exc, **_rank_fields(culprits)}, ts=t0,
-                collective=_stuck_collective(ctx), params={"mode": "exception", "culprit_ranks": culprits})]
+                collective=_stuck_collective(ctx),
+                params={"mode": "exception", "culprit_ranks": culprits, "error": "cuda" if cuda else "python"})]
+
+
+_CUDA_RAISED = re.compile(r"CUDA error|illegal memory access|device-side assert|misaligned address|"
+                          r"unspecified launch failure|an illegal instruction|CUBLAS_STATUS|CUDNN_STATUS", re.I)
 
 
 _SIGNAL_KINDS = ("fatal_signal", "segfault", "cpp_terminate", "gloo_enforce")
