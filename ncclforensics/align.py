@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -146,6 +147,21 @@ def _shape_numel(shape: str | None) -> int | None:
     return n
 
 
+PG_LEAD = dt.timedelta(seconds=1)
+
+
+def _first_pg(sub: pl.DataFrame) -> str | None:
+    """With timeouts in several process groups: the PG that timed out first, when it did so clearly
+    (PG_LEAD) before every other. A hang in one PG stalls the ranks in it, and the ranks that wait
+    for those in another PG time out later: SeqNums of different PGs cannot be compared."""
+    firsts = (sub.filter(pl.col("timeout_ts").is_not_null()).group_by("pg")
+              .agg(pl.col("timeout_ts").min().alias("t")).sort("t"))
+    if firsts.height < 2:
+        return None
+    t = firsts["t"].to_list()
+    return firsts["pg"][0] if t[1] - t[0] >= PG_LEAD else None
+
+
 def stuck_collective(fr: pl.DataFrame) -> Stuck:
     """Where the healthy ranks hung: the majority position among ranks, by the best evidence."""
     if fr.is_empty():
@@ -158,8 +174,9 @@ def stuck_collective(fr: pl.DataFrame) -> Stuck:
         sub = fr.filter(pl.col(op_c).is_not_null() | pl.col(seq_c).is_not_null())
         if sub.is_empty():
             continue
-        # the PG with the most ranks reporting (the default PG for DDP jobs)
-        pg = Counter(sub["pg"].to_list()).most_common(1)[0][0]
+        pg = _first_pg(sub) if source == "watchdog" else None
+        # else the PG with the most ranks reporting (the default PG for DDP jobs)
+        pg = pg if pg is not None else Counter(sub["pg"].to_list()).most_common(1)[0][0]
         sub = sub.filter(pl.col("pg") == pg)
         pos = {}
         for r in sub.iter_rows(named=True):

@@ -230,7 +230,7 @@ def laggard(ctx: Context, require: str | None = None, exclude: str | None = None
     return [Hit(
         culprits=culprits, evidence=ctx.evidence_rows(rows[:4] + waits),
         fields={"why": "; ".join(f"rank {rank_ranges(rs, count=False)}: {w}" for w, rs in _by_reason(lag).items()),
-                "n_waiting": len(waiting), "ranks": rank_ranges(culprits, count=False),
+                "n_waiting": len(s.in_it) or len(waiting), "ranks": rank_ranges(culprits, count=False),
                 "who": _who(culprits), "who_lc": _who(culprits).lower(),
                 "work": (rows[0]["detail"] or rows[0]["text"] or "")[:160] if rows else "its own work"},
         ts=_earliest_ts(rows) or ctx.first_symptom_ts, collective=_stuck_collective(ctx),
