@@ -235,7 +235,8 @@ def laggard(ctx: Context, require: str | None = None, exclude: str | None = None
                 "work": (rows[0]["detail"] or rows[0]["text"] or "")[:160] if rows else "its own work"},
         ts=_earliest_ts(rows) or ctx.first_symptom_ts, collective=_stuck_collective(ctx),
         confidence=1.0 if rows else 0.7,
-        params={"mode": "missing_collective", "step": step, "culprit_ranks": culprits})]
+        params={"mode": "missing_collective", "step": step, "culprit_ranks": culprits,
+                "lagging": "busy" if rows else "absent"})]
 
 
 def _who(ranks: list[int]) -> str:
