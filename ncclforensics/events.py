@@ -435,10 +435,30 @@ def _map_rank(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
 
 
+def _srun_ranks(df: pl.DataFrame) -> pl.DataFrame:
+    """Slurm task ids as global ranks, when Slurm started one task per GPU (FORMATS.md §1.7).
+
+    Then no torchrun runs inside (no agent lines, no `[default<n>]:` local ranks) and every line that
+    states its global rank agrees with its `srun --label` task id; with one torchrun per node the
+    task id is the node index and this does nothing.
+    """
+    task = pl.coalesce(
+        pl.col("extra").str.json_path_match("$.srun_task"),
+        pl.when(pl.col("kind") == "srun_task_exit").then(pl.col("extra").str.json_path_match("$.task")),
+    ).cast(pl.Int64, strict=False)
+    df = df.with_columns(task.alias("_task"))
+    launched = df.filter((pl.col("source") == "torchrun") | pl.col("local_rank").is_not_null()).height
+    both = df.filter(pl.col("rank").is_not_null() & pl.col("_task").is_not_null())
+    if not launched and both.height and (both["rank"] == both["_task"]).all():
+        df = df.with_columns(pl.coalesce("rank", "_task").alias("rank"))
+    return df.drop("_task")
+
+
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
     if df.is_empty():
         return df
+    df = _srun_ranks(df)
     # Where a row ran: its node (torchrun log-dir tree, host folder), else its host, else the one host
     # its file names, else the file. Local ranks and pids mean something only within one such place.
     file_host = (df.filter(pl.col("host").is_not_null()).group_by("file")
