@@ -22,7 +22,7 @@ FRONTIER_SCHEMA = {
     "timeout_ms": pl.Int64, "timeout_ts": pl.Datetime("us", "UTC"),
     "fr_last_seq": pl.Int64, "fr_last_op": pl.Utf8, "fr_last_numel": pl.Int64, "fr_entries": pl.Int64,
     "exc_op": pl.Utf8, "fp_seq": pl.Int64, "fp_op": pl.Utf8, "fp_shape": pl.Utf8,
-    "dump_src": pl.Int64,
+    "dump_src": pl.Int64, "err_seq": pl.Int64, "err_op": pl.Utf8, "err_numel": pl.Int64,
 }
 
 
@@ -36,7 +36,7 @@ class Stuck:
     op: str | None
     seq: int | None
     numel: int | None
-    source: str  # watchdog | flight_recorder | fingerprint | traceback | none
+    source: str  # watchdog | flight_recorder | fingerprint | async_error | traceback | none
     in_it: tuple[int, ...] = ()  # ranks seen waiting in it
     elsewhere: dict[int, str] = field(default_factory=dict)  # rank -> where it was instead
 
@@ -108,6 +108,11 @@ def frontier(events: pl.DataFrame) -> pl.DataFrame:
         s = slot(r["pg"], r["rank"], r["host"])
         if x.get("enqueued") is not None and x["enqueued"] >= 0:
             s["last_enqueued"] = max(s["last_enqueued"] or -1, x["enqueued"])
+    # a collective that raised an async error (NCCL error, no timeout): where that rank failed (§3.8)
+    for r in ev.filter((kinds == "watchdog_exception") & pl.col("seq").is_not_null()).iter_rows(named=True):
+        s = slot(r["pg"], r["rank"], r["host"])
+        if s["err_seq"] is None or r["seq"] < s["err_seq"]:
+            s["err_seq"], s["err_op"], s["err_numel"] = r["seq"], r["op"], r["numel_in"]
     # DETAIL fingerprints: each rank prints its own collective as "Rank A"
     for r in ev.filter(kinds == "fingerprint_mismatch").iter_rows(named=True):
         x = json_object(r["extra"])
@@ -170,6 +175,7 @@ def stuck_collective(fr: pl.DataFrame) -> Stuck:
         ("watchdog", "timeout_seq", "timeout_op", "timeout_numel_in"),
         ("flight_recorder", "fr_last_seq", "fr_last_op", "fr_last_numel"),
         ("fingerprint", "fp_seq", "fp_op", "fp_shape"),
+        ("async_error", "err_seq", "err_op", "err_numel"),
     ):
         sub = fr.filter(pl.col(op_c).is_not_null() | pl.col(seq_c).is_not_null())
         if sub.is_empty():
