@@ -109,9 +109,10 @@ READ_AHEAD = 2  # prepared chunks the reader thread may hold ahead of the scanne
 def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
     """Read every source under `path` into the event table. Raises NoInputError for a missing path.
 
-    A reader thread walks the sources, reads and decompresses them and runs the polars prefilters
-    (which release the GIL) one chunk or file ahead; this thread does the line-level Python work
-    on the hits, in file order. Memory stays flat: at most READ_AHEAD prepared chunks wait.
+    A reader thread walks the sources, reads and decompresses them and runs the block prefilter
+    (polars, which releases the GIL) one chunk or file ahead; this thread does the tail check and
+    the line-level Python work on the hits, in file order (the split that keeps both threads
+    about equally busy). Memory stays flat: at most READ_AHEAD prepared chunks wait.
     """
     root = Path(path)
     result = IngestResult(run=run_name(root), events=pl.DataFrame(schema=EVENT_SCHEMA))
@@ -125,8 +126,8 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
                     result.skipped.append(Skipped(name, reason))
                 case ("chunk", ctx, prep, first_line):
                     scanner.finish_chunk(prep, first_line, ctx)
-                case ("tail", ctx, tail):
-                    scanner.finish_tail(tail, ctx)
+                case ("tail", ctx, (data, first, chunk)):
+                    scanner.scan_tail(data, first, ctx, chunk)
                 case ("end", src, ctx, nbytes, exc):
                     _file_done(result, contexts, mtimes, src, ctx, nbytes, exc)
                     if progress is not None and exc is None and ctx in contexts:
@@ -283,7 +284,7 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
         ctx.lines = line_no - 1 + (1 if last is not None and not last[0].endswith(b"\n") else 0)
     if last is not None:
         data, first = _tail(prev, last, line_no)
-        put(("tail", ctx, scanner.prepare_tail(data, first, last[2])))
+        put(("tail", ctx, (data, first, last[2])))  # the scanner's thread checks it (balance)
     stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
     return nbytes
 
