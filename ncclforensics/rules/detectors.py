@@ -414,11 +414,24 @@ def rank_signal(ctx: Context) -> list[Hit]:
     if sig is None:
         sig = next((r["code"] for r in sig_rows if r["code"] is not None), None)
     signame = SIGNAL_NAMES.get(sig, f"signal {sig}") if sig else "a signal"
+    confidence = 0.9 if every else 1.0
+    # SIGABRT known only from torchrun's exit code, with no line of the rank's own: the NCCL watchdog
+    # ends a rank that timed out with SIGABRT too (§3.7), so this may be a symptom. Its log settles it.
+    own = {r["rank"] for r in ctx.all_rows if r["rank"] in codes and r["kind"] not in _AGENT_KINDS}
+    if sig == 6 and not sig_rows and not own:
+        confidence = 0.5
+        ctx.notes.append(f"rank {rank_ranges(ranks, count=False)} is known to have died of SIGABRT only from "
+                         "torchrun's exit code; a watchdog timeout ends a rank the same way. Its own log "
+                         "would tell which.")
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + _peer_symptoms(ctx, culprits)),
                 fields={"signal": signame, "ranks": rank_ranges(ranks, count=False) or "unknown",
                         "who": "every rank" if every else "rank " + rank_ranges(ranks, count=False)},
-                ts=_earliest_ts(rows), collective=_stuck_collective(ctx), confidence=0.9 if every else 1.0,
+                ts=_earliest_ts(rows), collective=_stuck_collective(ctx), confidence=confidence,
                 params={"mode": "signal", "signal": sig, "culprit_ranks": culprits})]
+
+
+# Rows a torchrun agent writes about a worker (not the worker's own lines).
+_AGENT_KINDS = frozenset({"child_failed", "worker_failed", "closing_signal"})
 
 
 # -- hardware, network, launch --------------------------------------------------------------
@@ -494,6 +507,7 @@ def nccl_network(ctx: Context, phase: str = "runtime") -> list[Hit]:
 
 
 _KEY_RANK = re.compile(r"/(\d+)$")
+_IPV6_ONLY = re.compile(r"errno: 97\b|Address family not supported by protocol")
 
 
 @detector
@@ -501,8 +515,10 @@ def init_connectivity(ctx: Context) -> list[Hit]:
     """Rendezvous, TCPStore, socket or gloo connection failures before training started."""
     kinds = ("socket_connect_failed", "store_timeout", "rendezvous_error", "gloo_connect_failed",
              "server_bind_failed", "store_conn_lost")
+    # an IPv6 attempt (errno 97, address family not supported) is followed by IPv4: harmless (§9.1)
     rows = [r for r in ctx.rows(*kinds) if not (r["kind"] == "server_bind_failed"
-                                                 and "in use" in (r.get("detail") or ""))]
+                                                 and "in use" in (r.get("detail") or ""))
+            and not _IPV6_ONLY.search(f"{r.get('detail') or ''} {r.get('text') or ''}")]
     if not rows or (ctx.training_started and not ctx.rows("store_timeout")):
         return []
     addr = next((f"{extra(r).get('addr')}:{extra(r).get('port')}" for r in rows
@@ -659,7 +675,15 @@ def nccl_init_error(ctx: Context) -> list[Hit]:
     per_file = Counter((r["file"], r["rank"]) for r in errors)
     attempts = {m.group(1) for r in errors if (m := _ATTEMPT_DIR.search(r["file"] or ""))}
     launches = max(max(per_file.values(), default=1), len(attempts))
-    return [Hit(culprits=[], evidence=ctx.evidence_rows(rows),
+    # the ranks that failed, when every other rank was stopped (SIGTERM) rather than failing too:
+    # e.g. one host's network interface. A console filtered to one rank shows only that rank's
+    # error while the others failed as well (their exit codes say so): no culprit then.
+    failed = {r["rank"] for r in errors + ctx.rows("nccl_warn") if r["rank"] is not None}
+    others = set(ctx.ranks_seen) - failed
+    stopped = bool(others) and all(ctx.exit_codes.get(rk) in (-15, 15, 143, -2) for rk in others)
+    culprits = sorted(failed) if failed and stopped else []
+    return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows),
+                hosts=sorted({ctx.rank_hosts[rk] for rk in culprits if rk in ctx.rank_hosts}),
                 fields={"what": (first.get("detail") or "NCCL error")[:200], "step": step,
                         "step_detail": step_detail,
                         "where": f" (called from {where})" if where else "",
