@@ -455,6 +455,31 @@ def _srun_ranks(df: pl.DataFrame) -> pl.DataFrame:
     return df.drop("_task")
 
 
+def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
+    """NCCL init lines of the world communicator name global ranks (FORMATS.md §2.1, item 6).
+
+    The world communicator is the largest one; its NCCL ranks are trusted as global ranks only when
+    every such line that also states its global rank (a `[rank<n>]` prefix, a pid mapped to a rank)
+    agrees, and when it is at least as large as the ranks seen.
+    """
+    init = df.filter(pl.col("kind") == "nccl_init").with_columns(
+        pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False).alias("_nr"),
+        pl.col("extra").str.json_path_match("$.nranks").cast(pl.Int64, strict=False).alias("_nn"))
+    if init.is_empty() or init["_nn"].max() is None:
+        return df
+    world = init["_nn"].max()
+    top = init.filter(pl.col("_nn") == world)
+    both = top.filter(pl.col("rank").is_not_null() & pl.col("_nr").is_not_null())
+    seen = df["rank"].drop_nulls().n_unique()
+    if not both.height or not (both["rank"] == both["_nr"]).all() or world < seen:
+        return df
+    nr = pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False)
+    nn = pl.col("extra").str.json_path_match("$.nranks").cast(pl.Int64, strict=False)
+    return df.with_columns(
+        pl.when((pl.col("kind") == "nccl_init") & (nn == world)).then(pl.coalesce("rank", nr))
+        .otherwise(pl.col("rank")).alias("rank"))
+
+
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
     if df.is_empty():
@@ -477,7 +502,9 @@ def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     if len(nodes) <= 1 and len(hosts) <= 1:
         df = df.with_columns(pl.coalesce("rank", "local_rank").alias("rank"))
     # worker pid -> rank (ChildFailedError, error.json, worker_failed lines carry pids)
-    df = _map_rank(df, ["_at", "pid"]).drop("_at")
+    df = _map_rank(df, ["_at", "pid"])
+    # NCCL's world-communicator ranks (checked against the ranks known so far), then pids again
+    df = _map_rank(_nccl_world_ranks(df), ["_at", "pid"]).drop("_at")
     # and rank -> host, where some line of that rank named its host
     host_map = (df.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
                 .group_by("rank").agg(pl.col("host").mode().first().alias("_h")))

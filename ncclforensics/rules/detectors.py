@@ -339,10 +339,16 @@ def memory_exhausted(ctx: Context) -> list[Hit]:
     killed = [r for r in ctx.rows("oom_killer", "slurm_oom")
               if not str(extra(r).get("comm", "")).startswith("pt_data_worker")]
     if killed:
-        pid_rank = {p: r for p, r in zip(ctx.events["pid"].to_list(), ctx.events["rank"].to_list(), strict=False)
-                    if p is not None and r is not None}
-        culprits = sorted({pid_rank[extra(r)["victim_pid"]] for r in killed
-                           if extra(r).get("victim_pid") in pid_rank})
+        # the killed pid on that host (pids repeat across hosts); a kernel log without a host name
+        # matches a pid only if no two hosts share it
+        by_host: dict[tuple, set[int]] = {}
+        for row in ctx.all_rows:
+            if row["pid"] is not None and row["rank"] is not None:
+                by_host.setdefault((row["host"], row["pid"]), set()).add(row["rank"])
+                by_host.setdefault((None, row["pid"]), set()).add(row["rank"])
+        culprits = sorted({next(iter(by_host[key])) for r in killed
+                           if (key := (r["host"], extra(r).get("victim_pid"))) in by_host
+                           and len(by_host[key]) == 1})
         hosts = sorted({r["host"] for r in killed if r["host"]})
         if not culprits:
             culprits = sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts and rk in ctx.exit_codes
