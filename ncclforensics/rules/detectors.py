@@ -328,9 +328,13 @@ _HW_CUDA = re.compile(r"ECC error|NVLink error|fallen off the bus|GPU is lost|un
 def memory_exhausted(ctx: Context) -> list[Hit]:
     hits = []
     rows = ctx.rows("cuda_oom", "cpu_oom")
+    # NCCL's own allocations failing (`NCCL WARN Cuda failure 'out of memory'`, or that text after
+    # `Last error:` of the NCCL error it raised): CUDA memory too (FORMATS.md §10.3)
+    rows += [r for r in ctx.rows("nccl_warn", "nccl_error") if r["rank"] is not None
+             and _NCCL_OOM.search(f"{r.get('detail') or ''} {extra(r).get('last_error') or ''}")]
     if rows:
         culprits, conf = _attribute(ctx, rows)
-        kind = "cuda" if any(r["kind"] == "cuda_oom" for r in rows) else "host"
+        kind = "host" if all(r["kind"] == "cpu_oom" for r in rows) else "cuda"
         hits.append(Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + _peer_symptoms(ctx, culprits)),
                         fields={"what": "CUDA memory" if kind == "cuda" else "host memory (CPU allocator)",
                                 "ranks": rank_ranges(culprits, count=False) or "unknown"},
@@ -359,6 +363,9 @@ def memory_exhausted(ctx: Context) -> list[Hit]:
                         ts=_earliest_ts(killed), collective=_stuck_collective(ctx),
                         params={"mode": "host", "signal": 9, "culprit_ranks": culprits}))
     return hits
+
+
+_NCCL_OOM = re.compile(r"Cuda failure '?out of memory|Failed to CUDA calloc|cudaMalloc.*out of memory", re.I)
 
 
 # An NCCL error raised before any step is communicator set-up failing between ranks (NI002,
