@@ -347,3 +347,16 @@ def json_rank(extra: str) -> int:
     import json
 
     return int(json.loads(extra)["nccl_rank"])
+
+
+def test_sigabrt_known_only_from_the_torchrun_summary_is_low_confidence(tmp_path: Path):
+    """A paste of torchrun's ChildFailedError alone (FORMATS.md §8.2 shape): rank 3 SIGABRT, the rest
+    SIGTERM. The watchdog ends a timed-out rank with SIGABRT too, so this is no confident verdict."""
+    paste = Path(__file__).parent / "fixtures" / "pastes" / "childfailed_sigabrt_only.txt"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / paste.name).write_bytes(paste.read_bytes())
+    res = analyze_path(tmp_path / "run")
+    v = res.diagnosis.verdict
+    assert v.confidence <= 0.5, (v.root_cause, v.confidence)
+    notes = res.diagnosis.facts.notes
+    assert any("SIGABRT" in n and "own log" in n for n in notes), notes
