@@ -490,8 +490,13 @@ def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     file_host = (df.filter(pl.col("host").is_not_null()).group_by("file")
                  .agg(pl.col("host").n_unique().alias("_nh"), pl.col("host").first().alias("_fh"))
                  .filter(pl.col("_nh") == 1).select("file", "_fh"))
+    # An `srun --label` task id with torchrun inside is the node index (FORMATS.md §1.7): it names the
+    # place of every line of that node's agent and workers, also those without a host.
+    task = pl.col("extra").str.json_path_match("$.srun_task")
     df = df.join(file_host, on="file", how="left").with_columns(
-        pl.when(pl.col("node") != "").then(pl.col("node")).otherwise(pl.coalesce("host", "_fh", "file")).alias("_at")
+        pl.when(task.is_not_null()).then(pl.concat_str([pl.col("file"), pl.lit("@task"), task]))
+        .when(pl.col("node") != "").then(pl.col("node"))
+        .otherwise(pl.coalesce("host", "_fh", "file")).alias("_at")
     ).drop("_fh")
     # (place, local_rank) -> rank, from rows that carry both (tee + rank prefix, ChildFailedError,
     # NCCL init); a pair that maps to more than one rank says nothing.

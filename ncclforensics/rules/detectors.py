@@ -693,7 +693,10 @@ def nccl_init_error(ctx: Context) -> list[Hit]:
     # error while the others failed as well (their exit codes say so): no culprit then.
     failed = {r["rank"] for r in errors + ctx.rows("nccl_warn") if r["rank"] is not None}
     others = set(ctx.ranks_seen) - failed
-    stopped = bool(others) and all(ctx.exit_codes.get(rk) in (-15, 15, 143, -2) for rk in others)
+    term = (-15, 15, 143, -2)
+    codes = {r["rank"]: r["code"] for r in ctx.rows("child_failed", "worker_failed") if r["code"] is not None}
+    stopped = bool(others) and all(codes.get(rk) in (None, *term) and (rk in ctx.symptom_ranks or rk in codes)
+                                   for rk in others)
     culprits = sorted(failed) if failed and stopped else []
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows),
                 hosts=sorted({ctx.rank_hosts[rk] for rk in culprits if rk in ctx.rank_hosts}),
