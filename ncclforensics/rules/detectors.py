@@ -305,13 +305,18 @@ def dataloader_death(ctx: Context) -> list[Hit]:
     if sig is None and x.get("exit_code") is not None:
         mode = "exit"
     else:
-        mode = {9: "sigkill", 7: "bus_error"}.get(sig, "exit" if sig is None else "sigkill")
+        # SIGKILL: the OOM killer; SIGBUS: /dev/shm; a segfault or abort: native code in the worker
+        mode = {9: "sigkill", 7: "bus_error"}.get(sig, "exit" if sig is None or sig in _NATIVE_CRASH else "sigkill")
     signame = SIGNAL_NAMES.get(sig, f"signal {sig}" if sig else "an exit")
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + _peer_symptoms(ctx, culprits)),
                 fields={"signal": signame, "ranks": rank_ranges(culprits, count=False) or "unknown",
                         "who": _who(culprits), "who_lc": _who(culprits).lower()},
                 ts=_earliest_ts(rows), collective=_stuck_collective(ctx), confidence=conf,
-                params={"signal": sig, "mode": mode, "culprit_ranks": culprits})]
+                params={"signal": sig, "mode": mode, "culprit_ranks": culprits,
+                        "native": "yes" if sig in _NATIVE_CRASH else "no"})]
+
+
+_NATIVE_CRASH = frozenset({11, 6, 4, 8})  # SIGSEGV, SIGABRT, SIGILL, SIGFPE
 
 
 def _peer_symptoms(ctx: Context, culprits: list[int], limit: int = 3) -> list[dict]:
