@@ -79,3 +79,18 @@ def test_score_corpus_script():
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "crashes 0" in r.stdout
+
+
+def test_save_then_barrier_job_is_not_told_to_save_then_barrier():
+    """006: rank 0 saves, then every rank enters a barrier that times out. The job already does
+    'save on rank 0, then barrier': the fixes must not lead with it."""
+    from ncclforensics.analysis import analyze_path
+
+    case = next((c for c in CASES if c.name.startswith("006_")), None)
+    if case is None:
+        pytest.skip("corpus case 006 not present")
+    v = analyze_path(case).diagnosis.verdict
+    assert v.root_cause.value == "checkpoint_save" and v.collective.op_type == "BARRIER"
+    titles = [f.title for f in v.fixes]
+    assert titles and not any("then barrier" in t for t in titles), titles
+    assert any("asynchronous or distributed" in t for t in titles), titles

@@ -236,7 +236,8 @@ def laggard(ctx: Context, require: str | None = None, exclude: str | None = None
         ts=_earliest_ts(rows) or ctx.first_symptom_ts, collective=_stuck_collective(ctx),
         confidence=1.0 if rows else 0.7,
         params={"mode": "missing_collective", "step": step, "culprit_ranks": culprits,
-                "lagging": "busy" if rows else "absent"})]
+                "lagging": "busy" if rows else "absent",
+                "waited_in": "barrier" if s.op == "BARRIER" else "collective"})]
 
 
 def _who(ranks: list[int]) -> str:
