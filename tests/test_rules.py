@@ -94,3 +94,17 @@ def test_rule_case(rule_id: str, case: dict, tmp_path: Path, monkeypatch):
         assert f.collective.seq == exp["seq"]
     if "fix" in exp:
         assert any(exp["fix"].lower() in fx.title.lower() for fx in f.fixes), [fx.title for fx in f.fixes]
+
+
+def test_evidence_lists_a_line_once():
+    """One line can hold two events (a CUDA error inside a watchdog exception): one evidence row."""
+    import polars as pl
+
+    from ncclforensics.model import EVENT_SCHEMA
+
+    row = {k: None for k in EVENT_SCHEMA}
+    rows = [dict(row, file="r2.out", line=4, kind="cuda_error", rank=2, text="x", detail="CUDA error: a"),
+            dict(row, file="r2.out", line=4, kind="watchdog_exception", rank=2, text="x", detail="b"),
+            dict(row, file="r2.out", line=6, kind="watchdog_exception", rank=2, text="y", detail="c")]
+    ctx = Context.build(pl.DataFrame(rows, schema=EVENT_SCHEMA))
+    assert [(r["file"], r["line"]) for r in ctx.evidence_rows(rows)] == [("r2.out", 4), ("r2.out", 6)]

@@ -191,11 +191,13 @@ class Context:
         seen = set()
         out = []
         for r in rows:
-            # the same line reaches us twice with torchrun --tee: console and per-rank file
+            # the same line reaches us twice with torchrun --tee (console and per-rank file), and one
+            # line can hold two events (a CUDA error inside a watchdog exception): show it once
             key = (r["rank"], r["kind"], r["detail"] or (r["text"] or "")[-100:])
-            if key in seen:
+            at = (r["file"], r["line"])
+            if key in seen or at in seen:
                 continue
-            seen.add(key)
+            seen.update((key, at))
             out.append(r)
             if len(out) >= limit:
                 break

@@ -479,6 +479,8 @@ def gpu_fault(ctx: Context, fatal_xids: list[int] | None = None) -> list[Hit]:
             culprits.append(bus_rank[(r["host"], bus[:2])])
     if not culprits and hosts:
         culprits = sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts)
+    if not hosts:  # a kernel log without a host name: the culprits' hosts, where known
+        hosts = sorted({ctx.rank_hosts[rk] for rk in culprits if rk in ctx.rank_hosts})
     before = all(r["ts"] is None or t_sym is None or r["ts"] <= t_sym for r in rows)
     code = next((r["code"] for r in xids), None)
     return [Hit(culprits=sorted(set(culprits)), evidence=ctx.evidence_rows(rows), hosts=hosts,
