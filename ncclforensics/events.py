@@ -7,7 +7,6 @@ import json
 import queue
 import re
 import threading
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,27 +374,40 @@ def _read_json(data: bytes, ctx: FileContext) -> bool | str:
     return True
 
 
+def _nearest_year(t: dt.datetime, ref: dt.datetime) -> dt.datetime | None:
+    """`t` (its year unknown) in the year around `ref` that puts it nearest `ref`."""
+    best = None
+    for year in (ref.year - 1, ref.year, ref.year + 1):
+        try:
+            cand = t.replace(year=year)
+        except ValueError:  # 29 February in a non-leap year
+            continue
+        gap = abs((cand.replace(tzinfo=None) - ref).total_seconds())
+        if best is None or gap < best[0]:
+            best = (gap, cand)
+    return best[1] if best else None
+
+
 def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFrame, str]:
     cols = list(EVENT_SCHEMA) + ["node"]
     data = {c: [r.get(c) for r in rows] for c in cols}
     data["run"] = [run] * len(rows)
-    # year-less stamps (c10 header, torch logging, syslog) take the run's year (FORMATS.md §1.9)
-    years = Counter(t.year for t in data["ts"] if t is not None and t.year != UNKNOWN_YEAR)
+    # year-less stamps (c10 header, torch logging, syslog) take the run's year (FORMATS.md §1.9): the
+    # year that puts them nearest the run's dated stamps (or the files' modification time), so a run
+    # across New Year keeps 31 December before 1 January
+    full = sorted(t.replace(tzinfo=None) for t in data["ts"] if t is not None and t.year != UNKNOWN_YEAR)
     year_source = "log timestamps"
-    if years:
-        year = years.most_common(1)[0][0]
+    if full:
+        ref = full[len(full) // 2]
     elif mtimes:
-        year = dt.datetime.fromtimestamp(max(mtimes), dt.UTC).year
+        ref = dt.datetime.fromtimestamp(max(mtimes), dt.UTC).replace(tzinfo=None)
         year_source = "file modification time"
     else:
-        year, year_source = None, "unknown"
+        ref, year_source = None, "unknown"
     fixed = []
     for t in data["ts"]:
         if t is not None and t.year == UNKNOWN_YEAR:
-            try:
-                t = t.replace(year=year) if year else None
-            except ValueError:  # 29 February in a non-leap year
-                t = None
+            t = _nearest_year(t, ref) if ref is not None else None
         fixed.append(t)
     data["ts"] = fixed
     schema = dict(EVENT_SCHEMA)

@@ -281,3 +281,15 @@ def test_kernel_log_names_give_the_host(name: str, host: str | None):
     from ncclforensics.events import path_hints
 
     assert path_hints(name).host == host
+
+
+@pytest.mark.parametrize(("month", "day", "ref", "year"), [
+    (12, 31, dt.datetime(2026, 1, 1, 0, 5), 2025),   # across New Year: the night before
+    (1, 1, dt.datetime(2025, 12, 31, 23, 50), 2026),  # and the morning after
+    (6, 10, dt.datetime(2025, 6, 10, 3, 0), 2025),
+])
+def test_yearless_stamps_take_the_nearest_year(month: int, day: int, ref: dt.datetime, year: int):
+    from ncclforensics.events import _nearest_year
+    from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+
+    assert _nearest_year(dt.datetime(UNKNOWN_YEAR, month, day, 12, 0), ref).year == year
