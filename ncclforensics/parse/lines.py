@@ -86,8 +86,9 @@ class LineScanner:
         self.weak_exprs = _literal_groups(self.weak_literals, WEAK_GROUP)
         self.block_exprs = _literal_groups(anchors, ANCHOR_GROUP)
 
-    # Each scan has two steps: prepare_* (reading bytes, polars prefilters; no FileContext, so the
-    # reader thread of events.build_events runs it ahead) and finish_* (Python, line by line).
+    # Each scan has two steps: prepare_* (bytes and polars prefilters, no FileContext: any thread may
+    # run it; events.build_events runs prepare_chunk in its reader thread, ahead of the scanner) and
+    # finish_* (Python, line by line, on the FileContext).
 
     def scan_chunk(self, data: bytes, first_line: int, ctx: FileContext) -> int:
         """Scan one byte chunk; returns the number of newlines in it."""
