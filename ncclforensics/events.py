@@ -448,6 +448,16 @@ def _map_rank(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
 
 
+def _rank_from(df: pl.DataFrame, candidate: pl.Expr, *, allowed: bool = True) -> pl.DataFrame:
+    """Fill `rank` from `candidate` where it is missing, if allowed and if every row that has both
+    agrees (and at least one does): a source of ranks is trusted only once it is seen to be right."""
+    df = df.with_columns(candidate.alias("_cand"))
+    both = df.filter(pl.col("rank").is_not_null() & pl.col("_cand").is_not_null())
+    if allowed and both.height and (both["rank"] == both["_cand"]).all():
+        df = df.with_columns(pl.coalesce("rank", "_cand").alias("rank"))
+    return df.drop("_cand")
+
+
 def _srun_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Slurm task ids as global ranks, when Slurm started one task per GPU (FORMATS.md §1.7).
 
@@ -459,12 +469,8 @@ def _srun_ranks(df: pl.DataFrame) -> pl.DataFrame:
         pl.col("extra").str.json_path_match("$.srun_task"),
         pl.when(pl.col("kind") == "srun_task_exit").then(pl.col("extra").str.json_path_match("$.task")),
     ).cast(pl.Int64, strict=False)
-    df = df.with_columns(task.alias("_task"))
     launched = df.filter((pl.col("source") == "torchrun") | pl.col("local_rank").is_not_null()).height
-    both = df.filter(pl.col("rank").is_not_null() & pl.col("_task").is_not_null())
-    if not launched and both.height and (both["rank"] == both["_task"]).all():
-        df = df.with_columns(pl.coalesce("rank", "_task").alias("rank"))
-    return df.drop("_task")
+    return _rank_from(df, task, allowed=not launched)
 
 
 def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
@@ -474,22 +480,14 @@ def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
     every such line that also states its global rank (a `[rank<n>]` prefix, a pid mapped to a rank)
     agrees, and when it is at least as large as the ranks seen.
     """
-    init = df.filter(pl.col("kind") == "nccl_init").with_columns(
-        pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False).alias("_nr"),
-        pl.col("extra").str.json_path_match("$.nranks").cast(pl.Int64, strict=False).alias("_nn"))
-    if init.is_empty() or init["_nn"].max() is None:
+    nranks = pl.col("extra").str.json_path_match("$.nranks").cast(pl.Int64, strict=False)
+    is_init = pl.col("kind") == "nccl_init"
+    world = df.filter(is_init).select(nranks.max()).item() if df.height else None
+    if world is None:
         return df
-    world = init["_nn"].max()
-    top = init.filter(pl.col("_nn") == world)
-    both = top.filter(pl.col("rank").is_not_null() & pl.col("_nr").is_not_null())
-    seen = df["rank"].drop_nulls().n_unique()
-    if not both.height or not (both["rank"] == both["_nr"]).all() or world < seen:
-        return df
-    nr = pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False)
-    nn = pl.col("extra").str.json_path_match("$.nranks").cast(pl.Int64, strict=False)
-    return df.with_columns(
-        pl.when((pl.col("kind") == "nccl_init") & (nn == world)).then(pl.coalesce("rank", nr))
-        .otherwise(pl.col("rank")).alias("rank"))
+    nccl_rank = pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False)
+    return _rank_from(df, pl.when(is_init & (nranks == world)).then(nccl_rank),
+                      allowed=world >= df["rank"].drop_nulls().n_unique())
 
 
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
