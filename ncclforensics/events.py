@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import queue
 import re
@@ -102,7 +103,10 @@ class _Chain:
         return self._rest.read(n)
 
 
-READ_AHEAD = 2  # prepared chunks the reader thread may hold ahead of the scanner (each <= 2 x CHUNK_SIZE)
+# Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
+# and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
+# scanner's bursts (it works in batches, LineScanner.flush).
+READ_AHEAD_BYTES = 32 << 20
 
 
 def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
@@ -111,7 +115,8 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
     A reader thread walks the sources, reads and decompresses them and runs the block prefilter
     (polars, which releases the GIL) one chunk or file ahead; this thread does the tail check and
     the line-level Python work on the hits, in file order (the split that keeps both threads
-    about equally busy). Memory stays flat: at most READ_AHEAD prepared chunks wait.
+    about equally busy), batched over many files (LineScanner.flush). Memory stays flat: at most
+    READ_AHEAD prepared chunks and the scanner's bounded queue wait.
     """
     root = Path(path)
     result = IngestResult(run=run_name(root), events=pl.DataFrame(schema=EVENT_SCHEMA))
@@ -122,18 +127,26 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
         for item in reader:
             match item:
                 case ("skip", name, reason):
-                    result.skipped.append(Skipped(name, reason))
+                    scanner.add_call(functools.partial(result.skipped.append, Skipped(name, reason)))
                 case ("chunk", ctx, prep, first_line):
-                    scanner.finish_chunk(prep, first_line, ctx)
+                    scanner.add_chunk(prep, first_line, ctx)
                 case ("tail", ctx, (data, first, chunk)):
-                    scanner.scan_tail(data, first, ctx, chunk)
+                    scanner.add_tail(data, first, ctx, chunk)
                 case ("end", src, ctx, nbytes, exc):
-                    _file_done(result, contexts, mtimes, src, ctx, nbytes, exc)
-                    if progress is not None and exc is None and ctx in contexts:
-                        progress(src.name, nbytes)
+                    scanner.add_call(functools.partial(_end, result, contexts, mtimes, src, ctx, nbytes, exc,
+                                                       progress))
+        scanner.flush()
     rows = [r for c in contexts for r in c.rows + [p for ps in c.progress.values() for p in ps]]
     result.events, result.year_source = _table(rows, result.run, mtimes)
     return result
+
+
+def _end(result: IngestResult, contexts: list[FileContext], mtimes: list[float], src: Source,
+         ctx: FileContext, nbytes: int, exc: BaseException | None,
+         progress: Callable[[str, int], None] | None) -> None:
+    _file_done(result, contexts, mtimes, src, ctx, nbytes, exc)
+    if progress is not None and exc is None and ctx in contexts:
+        progress(src.name, nbytes)
 
 
 def _file_done(result: IngestResult, contexts: list[FileContext], mtimes: list[float], src: Source,
@@ -176,7 +189,9 @@ class _Reader:
     def __init__(self, root: Path, scanner: LineScanner) -> None:
         self.root = root
         self.scanner = scanner
-        self.queue: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.room = threading.Condition()
+        self.held = 0  # bytes of the prepared chunks in the queue
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ncclforensics-reader", daemon=True)
 
@@ -191,6 +206,10 @@ class _Reader:
     def __iter__(self):
         while True:
             item = self.queue.get()
+            if isinstance(item, tuple) and item[0] == "chunk":
+                with self.room:
+                    self.held -= _held(item)
+                    self.room.notify()
             if item is self._DONE:
                 return
             if isinstance(item, tuple) and item[0] == "fatal":
@@ -198,13 +217,16 @@ class _Reader:
             yield item
 
     def _put(self, item: object) -> None:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
+        size = _held(item) if isinstance(item, tuple) and item[0] == "chunk" else 0
+        with self.room:
+            while self.held and self.held + size > READ_AHEAD_BYTES:
+                if self.stop.is_set():
+                    raise _Stopped
+                self.room.wait(0.1)
+            if self.stop.is_set():
+                raise _Stopped
+            self.held += size
+        self.queue.put(item)
 
     def _run(self) -> None:
         try:
@@ -233,6 +255,10 @@ class _Reader:
                 return
 
 
+def _held(item: tuple) -> int:
+    return 2 * len(item[2].data)
+
+
 class _Stopped(Exception):
     """The scanner thread stopped listening."""
 
@@ -241,32 +267,36 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
     """Read one source in the reader thread; hands ("chunk", ...) and ("tail", ...) items to `put`
     and returns the bytes read."""
     stream = src.stream
-    head = stream.read(decode.HEAD_SIZE)
+    # The first chunk in one read (most logs are smaller: no copy to join a head to the rest);
+    # its start tells what the file is.
+    first = stream.read(decode.CHUNK_SIZE)
+    head = first[: decode.HEAD_SIZE]
     kind = decode.sniff(head)
     if kind == "gzip" and archive.compression_of(src.name) is None:
-        stream = archive.decompressing(_Chain(head, stream), "gz", src.size, src.name)
-        head = stream.read(decode.HEAD_SIZE)
+        stream = archive.decompressing(_Chain(first, stream), "gz", src.size, src.name)
+        first = stream.read(decode.CHUNK_SIZE)
+        head = first[: decode.HEAD_SIZE]
         kind = decode.sniff(head)
     if kind == "empty":
         return 0
     leaf = src.name.rsplit("/", 1)[-1]
     if kind == "pickle":
-        n = _read_dump(head + stream.read(flight_recorder.MAX_DUMP_BYTES + 1), ctx, is_pickle=True)
+        n = _read_dump(first + stream.read(flight_recorder.MAX_DUMP_BYTES + 1), ctx, is_pickle=True)
         return n
     if leaf.endswith(".json") and head.lstrip().startswith(b"{"):
-        data = head + stream.read(MAX_JSON_BYTES)
+        data = first + stream.read(MAX_JSON_BYTES)
         used = _read_json(data, ctx)
         if used is True:
             return len(data)
         if used == "document":
             raise decode.BinaryContent("JSON document, not a log (neither error.json nor a Flight Recorder dump)")
-        stream, head = _Chain(data, stream), b""
+        stream, first = _Chain(data, stream), b""
     if kind == "utf-16":
-        chunks = decode.utf16_chunks(stream, head)
+        chunks = decode.utf16_chunks(stream, first)
     elif decode.cr_only(head):
-        chunks = decode.iter_chunks(decode.CrToLf(stream), head.replace(b"\r", b"\n"))
+        chunks = decode.iter_chunks(decode.CrToLf(stream), first.replace(b"\r", b"\n"))
     else:
-        chunks = decode.iter_chunks(stream, head)
+        chunks = decode.iter_chunks(stream, first)
     nbytes = 0
     line_no = 1
     prev = last = None

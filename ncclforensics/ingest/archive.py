@@ -216,6 +216,35 @@ class ForwardOnly(io.RawIOBase):
         return self._pos
 
 
+class _TarMember(io.RawIOBase):
+    """A regular tar member's data read straight from the archive's (forward-only, capped) stream.
+    Valid until tarfile moves on to the next header."""
+
+    def __init__(self, stream: ForwardOnly, size: int, label: str) -> None:
+        self._stream = stream
+        self._left = size
+        self._label = label
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        want = self._left if n is None or n < 0 else min(n, self._left)
+        if want == 0:
+            return b""
+        data = self._stream.read(want)  # the capped stream raises UnsafeInputError on damage
+        self._left -= len(data)
+        if not data:
+            self._stream.read(1)  # a truncated archive raises on this second read
+            raise UnsafeInputError(f"truncated or corrupt tar archive (member {self._label} cut short)")
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
 def iter_tar(raw: BinaryIO, label: str, size: int | None = None) -> Iterator[Member]:
     """Members of a (possibly compressed) tar in stream mode: each stream is valid until the next.
 
@@ -256,8 +285,13 @@ def iter_tar(raw: BinaryIO, label: str, size: int | None = None) -> Iterator[Mem
             if info.size > ABS_CAP:
                 yield Member(name, info.size, info.mtime, None, f"member larger than {ABS_CAP >> 30} GiB")
                 continue
-            # wrapped so that a short or corrupt member ends in UnsafeInputError, not tarfile.ReadError
-            fobj = io.BufferedReader(CappedReader(tf.extractfile(info), None, name, far), buffer_size=1 << 20)
+            if isinstance(raw, ForwardOnly) and raw.tell() == info.offset_data and not info.issparse():
+                # straight from our decompressed stream, which sits at the member's data: tarfile's
+                # member reader would copy every byte twice more
+                fobj = _TarMember(raw, info.size, name)
+            else:
+                # wrapped so that a short or corrupt member ends in UnsafeInputError, not tarfile.ReadError
+                fobj = io.BufferedReader(CappedReader(tf.extractfile(info), None, name, far), buffer_size=1 << 20)
             yield Member(name, info.size, info.mtime, fobj)
     except (tarfile.TarError, EOFError, OSError, zipfile.BadZipFile) as exc:
         raise UnsafeInputError(f"truncated or corrupt tar archive ({exc})") from None

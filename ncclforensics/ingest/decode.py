@@ -68,12 +68,20 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> 
     """
     carry = head
     while True:
-        data = stream.read(chunk_size)
-        if not data:
-            if carry:
-                yield _clean(carry)
-            return
-        buf = carry + data if carry else data
+        if len(carry) >= chunk_size:  # a full chunk in hand (the caller's first read)
+            buf = carry
+        else:
+            try:
+                data = stream.read(chunk_size)
+            except Exception:  # damage or a cap: what was decoded before it still counts
+                if carry:
+                    yield _clean(carry)
+                raise
+            if not data:
+                if carry:
+                    yield _clean(carry)
+                return
+            buf = carry + data if carry else data
         cut = buf.rfind(b"\n")
         if cut < 0:
             if len(buf) < chunk_size:
@@ -82,7 +90,10 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> 
             yield _clean(buf)
             carry = b""
             continue
-        body, carry = buf[: cut + 1], buf[cut + 1 :]
+        if cut + 1 == len(buf):
+            body, carry = buf, b""  # no copy
+        else:
+            body, carry = buf[: cut + 1], buf[cut + 1 :]
         yield _clean(body)
 
 
