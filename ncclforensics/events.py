@@ -106,7 +106,7 @@ class _Chain:
 # Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
 # and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
 # scanner's bursts (it works in batches, LineScanner.flush).
-READ_AHEAD_BYTES = 32 << 20
+READ_AHEAD_BYTES = 48 << 20
 
 
 def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
@@ -267,15 +267,17 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
     """Read one source in the reader thread; hands ("chunk", ...) and ("tail", ...) items to `put`
     and returns the bytes read."""
     stream = src.stream
-    # The first chunk in one read (most logs are smaller: no copy to join a head to the rest);
-    # its start tells what the file is.
-    first = stream.read(decode.CHUNK_SIZE)
+    # A file of known size below a chunk is read at once (no copy to join a sniffed head to the
+    # rest); its start tells what the file is. Bigger ones start with a head (measured: a first
+    # read of a whole chunk makes the 1 GB console 8 % slower).
+    small = src.size is not None and src.size < decode.CHUNK_SIZE
+    first = stream.read(src.size + 1 if small else decode.HEAD_SIZE)
     head = first[: decode.HEAD_SIZE]
     kind = decode.sniff(head)
     if kind == "gzip" and archive.compression_of(src.name) is None:
         stream = archive.decompressing(_Chain(first, stream), "gz", src.size, src.name)
-        first = stream.read(decode.CHUNK_SIZE)
-        head = first[: decode.HEAD_SIZE]
+        first = stream.read(decode.HEAD_SIZE)
+        head = first
         kind = decode.sniff(head)
     if kind == "empty":
         return 0

@@ -25,9 +25,11 @@ MAX_MEMBERS = 200_000
 # output when its input ends early, so it bounds what a truncated .gz loses; 8 KiB costs
 # about a quarter of isal's speed and nothing next to the line scan.
 READ_STEP = 8 << 10
-# Far from the end of the compressed input (known for files on disk) nothing is held back: steps
-# of BIG_STEP cut the per-call Python overhead (~130k calls per GB at 8 KiB). END_MARGIN of
-# compressed input covers one BIG_STEP of output even for incompressible data.
+# Far from the end of the compressed input (known for files on disk) nothing is held back: a read
+# asks for as much output as the caller wants, up to as many bytes as there is compressed input
+# left before END_MARGIN (output never takes less input than that, bar crafted streams of empty
+# blocks), in one call that decodes into one buffer (~130k calls per GB at 8 KiB; two copies
+# through a BufferedReader). END_MARGIN covers the decompressor's input read-ahead (isal: 512 KiB).
 BIG_STEP = 1 << 20
 END_MARGIN = 4 << 20
 
@@ -56,9 +58,9 @@ class CappedReader(io.RawIOBase):
     """Wraps a decompressing stream; raises UnsafeInputError past the size/ratio caps."""
 
     def __init__(self, inner: BinaryIO, compressed_size: int | None, label: str,
-                 far_from_end: Callable[[], bool] | None = None) -> None:
+                 room: Callable[[], int] | None = None) -> None:
         self._inner = inner
-        self._far = far_from_end
+        self._room = room
         self._limit = ABS_CAP
         if compressed_size:
             self._limit = min(ABS_CAP, max(RATIO_FLOOR, compressed_size * RATIO_CAP))
@@ -72,20 +74,43 @@ class CappedReader(io.RawIOBase):
         return True
 
     def readinto(self, b) -> int:
-        # Past damage or a cap, hand over what was decoded before it: report the end of data
-        # once (a BufferedReader drops its partial buffer on an exception), then raise on the
-        # next read, which the consumer makes to confirm the end (events._read_source).
+        data = self._step(len(b))
+        n = len(data)
+        b[:n] = data
+        return n
+
+    def read(self, n: int | None = -1) -> bytes:
+        """Up to `n` bytes (all when n < 0), fewer only at the end or before damage. The bytes of a
+        single decompression step are handed over as they are (no copy)."""
+        want = ABS_CAP + 1 if n is None or n < 0 else n
+        parts = []
+        got = 0
+        while got < want:
+            data = self._step(min(want - got, 16 * BIG_STEP))
+            if not data:
+                break
+            parts.append(data)
+            got += len(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _step(self, want: int) -> bytes:
+        """One step of decompression: b"" at the end. Past damage or a cap, it hands over what was
+        decoded before it, reports the end of data once, then raises on the next read, which the
+        consumer makes to confirm the end (events._read_source)."""
         if self._error is not None:
             if self._read and not self._ended:
                 self._ended = True
-                return 0
+                return b""
             raise UnsafeInputError(self._error)
         data = b""
         try:
-            # read1: one step of decompression, so data decoded before a truncation is not
-            # dropped along with the exception (read(n) loops and loses it)
-            step = BIG_STEP if self._far is not None and self._far() else READ_STEP
-            data = self._read1(min(len(b), step))
+            room = self._room() if self._room is not None else 0
+            if room >= READ_STEP:
+                data = self._inner.read(min(want, room))
+            else:
+                # read1: one small step, so data decoded before a truncation is not dropped
+                # along with the exception (read(n) loops and loses it)
+                data = self._read1(min(want, READ_STEP))
         except UnsafeInputError as exc:  # an enclosing capped stream (a tar's) gave up
             self._error = str(exc)
         except (EOFError, OSError, zipfile.BadZipFile, lzma.LZMAError) as exc:
@@ -96,12 +121,10 @@ class CappedReader(io.RawIOBase):
             self._error = (f"decompressed size passed {self._limit >> 20} MiB "
                            f"(compression-bomb cap, ratio {RATIO_CAP}:1)")
             data = data[: self._limit - self._read]
-        n = len(data)
-        if n == 0 and self._error is not None:
-            return self.readinto(b)
-        self._read += n
-        b[:n] = data
-        return n
+        if not data and self._error is not None:
+            return self._step(want)
+        self._read += len(data)
+        return data
 
 
 def _zstd_reader(raw: BinaryIO) -> BinaryIO:
@@ -121,8 +144,9 @@ def _gzip_reader(raw: BinaryIO) -> BinaryIO:
         return gzip.GzipFile(fileobj=raw, mode="rb")
 
 
-def far_from_end(raw: BinaryIO, size: int | None) -> Callable[[], bool] | None:
-    """For a file on disk of known size: whether its read position is END_MARGIN before the end."""
+def room_to_end(raw: BinaryIO, size: int | None) -> Callable[[], int] | None:
+    """For a file on disk of known size: how far its read position is from END_MARGIN before
+    its end (<= 0 within the margin)."""
     if not size or size <= END_MARGIN:
         return None
     try:
@@ -132,18 +156,18 @@ def far_from_end(raw: BinaryIO, size: int | None) -> Callable[[], bool] | None:
     except (AttributeError, OSError, ValueError):
         return None
     limit = size - END_MARGIN
-    return lambda: raw.tell() < limit
+    return lambda: limit - raw.tell()
 
 
 def decompressing(raw: BinaryIO, kind: str | None, size: int | None, label: str,
-                  far: Callable[[], bool] | None = None) -> BinaryIO:
-    """A buffered reader over `raw`, decompressed per `kind` (gz, bz2, zst, xz or None)."""
+                  room: Callable[[], int] | None = None) -> BinaryIO:
+    """A reader over `raw`, decompressed per `kind` (gz, bz2, zst, xz or None) and capped.
+    read(n) returns n bytes but at the end (no BufferedReader: it would copy them once more)."""
     if kind is None:
         return raw
     opener = {"gz": _gzip_reader, "bz2": lambda r: bz2.BZ2File(r, "rb"),
               "xz": lambda r: lzma.LZMAFile(r, "rb"), "zst": _zstd_reader}[kind]
-    far = far or far_from_end(raw, size)
-    return io.BufferedReader(CappedReader(opener(raw), size, label, far), buffer_size=1 << 20)
+    return CappedReader(opener(raw), size, label, room or room_to_end(raw, size))
 
 
 def safe_member_name(name: str) -> str:
@@ -252,10 +276,10 @@ def iter_tar(raw: BinaryIO, label: str, size: int | None = None) -> Iterator[Mem
     so a tar bomb stops at the ratio cap like any compressed file.
     """
     kind = tar_compression(label)
-    far = far_from_end(raw, size)  # the archive on disk: members far from its end read in big steps
+    room = room_to_end(raw, size)  # the archive on disk: members far from its end read in big steps
     mode = "r|*"  # tarfile's stream mode finds a compression the name does not state
     if kind is not None:
-        raw = decompressing(raw, kind, size, label, far)
+        raw = decompressing(raw, kind, size, label, room)
         # Our own decompressed stream: tarfile's random-access mode over a forward-only view reads
         # member data in large pieces; its stream mode hands it over in 10 KiB records (2x slower).
         raw, mode = ForwardOnly(raw), "r:"
@@ -291,7 +315,7 @@ def iter_tar(raw: BinaryIO, label: str, size: int | None = None) -> Iterator[Mem
                 fobj = _TarMember(raw, info.size, name)
             else:
                 # wrapped so that a short or corrupt member ends in UnsafeInputError, not tarfile.ReadError
-                fobj = io.BufferedReader(CappedReader(tf.extractfile(info), None, name, far), buffer_size=1 << 20)
+                fobj = io.BufferedReader(CappedReader(tf.extractfile(info), None, name, room), buffer_size=1 << 20)
             yield Member(name, info.size, info.mtime, fobj)
     except (tarfile.TarError, EOFError, OSError, zipfile.BadZipFile) as exc:
         raise UnsafeInputError(f"truncated or corrupt tar archive ({exc})") from None

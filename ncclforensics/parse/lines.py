@@ -75,9 +75,9 @@ class _TailWork:
     the last TAIL_CHARS on (`frame` holds them as a polars column until the flush)."""
 
     ctx: FileContext
-    data: bytes
-    spans: list[tuple[int, int]]
-    first_line: int  # line number of data's first line
+    data: bytes  # the chunk the blocks are in
+    spans: list[tuple[int, int]]  # the blocks, in data
+    first_line: int  # line number of the first block's first line
     frame: pl.DataFrame | None
     counts: list[int] | None  # newlines per block, when known
     lines: list[str] = field(default_factory=list)
@@ -189,8 +189,7 @@ class LineScanner:
             before, counts = sum(counts[:k0]), counts[k0:]
         else:
             before, counts = data.count(b"\n", 0, a0), None
-        work = _TailWork(ctx, data[a0:], [(a - a0, b - a0) for a, b in spans[k0:]],
-                         first_line + before, frame.slice(k0), counts)
+        work = _TailWork(ctx, data, spans[k0:], first_line + before, frame.slice(k0), counts)
         self._queue(work, 0, 2 * len(data))  # the slice holds the chunk's frame until the flush
 
     def add_call(self, fn: Callable[[], object]) -> None:
@@ -499,7 +498,8 @@ def _tail_lines(tail: _TailWork, hit_blocks: list[int]) -> tuple[list[str], list
     line_at: list[int] = []
     for bi in hit_blocks:
         a, b = tail.spans[bi]
-        base = tail.first_line + (sum(tail.counts[:bi]) if tail.counts else tail.data.count(b"\n", 0, a))
+        before = sum(tail.counts[:bi]) if tail.counts else tail.data.count(b"\n", tail.spans[0][0], a)
+        base = tail.first_line + before
         block_lines = tail.data[a:b].decode("utf-8", "replace").split("\n")
         if block_lines and block_lines[-1] == "":
             block_lines.pop()
