@@ -106,7 +106,7 @@ class _Chain:
 # Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
 # and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
 # scanner's bursts (it works in batches, LineScanner.flush).
-READ_AHEAD_BYTES = 48 << 20
+READ_AHEAD_BYTES = 32 << 20
 
 
 def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:

@@ -29,7 +29,7 @@ ANCHOR_GROUP = 48
 WEAK_GROUP = 20  # the weak literals include short words ("nan", "step") that hit often: smaller groups
 SMALL_CHUNK = 256 << 10  # below this, Python substring checks of the anchors beat a polars round trip
 FLUSH_LINES = 1 << 16  # queued lines that start the batched line selection
-FLUSH_BYTES = 64 << 20  # queued chunk data (held by tails) that starts it
+FLUSH_BYTES = 16 << 20  # queued chunk data (held by tails) that starts it
 
 
 @dataclass

@@ -85,6 +85,20 @@ class Context:
         return [f"{r.get('detail') or ''} {r.get('text') or ''} {extra(r).get('last_error') or ''}"
                 if r["source"] != "flight_recorder" else "" for r in self.all_rows]
 
+    def search_hits(self, rx: re.Pattern) -> list[bool]:
+        """Per row of all_rows: whether `rx` finds something in its search text. Runs in polars
+        (Rust regex: ~20x Python's re on case-insensitive alternations); Python's re where the
+        pattern is beyond Rust's syntax."""
+        flags = "(?i)" if rx.flags & re.IGNORECASE else ""
+        try:
+            return self._search_series.str.contains(flags + rx.pattern).fill_null(False).to_list()
+        except pl.exceptions.PolarsError:
+            return [bool(rx.search(t)) for t in self.search_texts]
+
+    @cached_property
+    def _search_series(self) -> pl.Series:
+        return pl.Series("t", self.search_texts, dtype=pl.Utf8)
+
     # -- facts -------------------------------------------------------------------------
     @cached_property
     def ranks_seen(self) -> list[int]:

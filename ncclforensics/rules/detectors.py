@@ -600,9 +600,9 @@ def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
     rx = _LAUNCH[problem]
     checks = _LAUNCH_FRAMES.get(problem, frozenset())
     # NCCL's WARN text often survives only after `Last error:` (NCCL_DEBUG unset, FORMATS.md §5.1)
-    rows = [r for r, text in zip(ctx.all_rows, ctx.search_texts, strict=True)
+    rows = [r for r, hit in zip(ctx.all_rows, ctx.search_hits(rx), strict=True)
             if r["source"] != "flight_recorder" and (
-                rx.search(text) or (checks and r["kind"] == "exception" and _frame_fns(r) & checks))]
+                hit or (checks and r["kind"] == "exception" and _frame_fns(r) & checks))]
     if not rows:
         return []
     if problem == "port" and ctx.training_started:
