@@ -17,6 +17,7 @@ from ncclforensics.parse.signatures import SignatureSet
 
 BLOCK_SIZE = 64 << 10
 LOOKAHEAD_CHARS = 128 << 10  # continuation lines of a block may run into the next block
+LOOKAHEAD_STEP = 16 << 10  # decoded a piece at a time, when a line there is asked for
 MAX_LINE = 1 << 20  # characters of one physical line examined at all
 KEEP_PROGRESS = 2  # step_progress rows kept per file and rank (the last ones): progress lines are many
 TAIL_CHARS = 1 << 20  # a file's last characters, where weak signatures always run
@@ -59,12 +60,37 @@ class Chunk:
     counts: list[int] | None = None  # newlines per block, when the prefilter counted them
 
 
+class _Lines(list):
+    """A hit block's lines, and the lines after it up to LOOKAHEAD_CHARS past its end, which a
+    traceback or wrapped line running on may need: decoded when asked for (has)."""
+
+    def __init__(self, data: bytes, a: int, b: int) -> None:
+        self._data = data
+        limit = data.find(b"\n", min(len(data), b + LOOKAHEAD_CHARS))
+        self._limit = len(data) if limit < 0 else limit
+        self._end = self._cut(b)
+        super().__init__(data[a : self._end].decode("utf-8", "replace").split("\n"))
+
+    def _cut(self, at: int) -> int:
+        """The end of the line running at `at` (its newline's index), at most the limit."""
+        end = self._data.find(b"\n", min(len(self._data), at))
+        return self._limit if end < 0 else min(end, self._limit)
+
+    def has(self, i: int) -> bool:
+        """Whether line i exists (decoding more of the lookahead for it)."""
+        while i >= len(self) and self._end < self._limit:
+            end = self._cut(self._end + 1 + LOOKAHEAD_STEP)
+            self.extend(self._data[self._end + 1 : end].decode("utf-8", "replace").split("\n"))
+            self._end = end
+        return i < len(self)
+
+
 @dataclass
 class _BlockWork:
     """A hit block's lines (running on past its end) waiting for the line selection."""
 
     ctx: FileContext
-    lines: list[str]
+    lines: _Lines
     n_own: int  # lines that belong to the block; selection looks at these only
     line0: int  # line number of lines[0]
 
@@ -161,12 +187,10 @@ class LineScanner:
         data = prep.data
         for bi, before in prep.hits:
             a, b = prep.spans[bi]
-            ext_end = data.find(b"\n", min(len(data), b + LOOKAHEAD_CHARS))
-            ext_end = len(data) if ext_end < 0 else ext_end
             n_own = prep.counts[bi] if prep.counts else data.count(b"\n", a, b)
             n_own += 1 if b == len(data) and not data.endswith(b"\n") else 0
-            lines = data[a:ext_end].decode("utf-8", "replace").split("\n")
-            self._queue(_BlockWork(ctx, lines, n_own or 1, first_line + before), len(lines), ext_end - a)
+            lines = _Lines(data, a, b)
+            self._queue(_BlockWork(ctx, lines, n_own or 1, first_line + before), len(lines), b - a)
 
     def add_tail(self, data: bytes, first_line: int, ctx: FileContext, chunk: Chunk | None = None) -> None:
         """Queue the weak-signature scan of a file's end: `data` is the file's last chunk (`chunk`,
@@ -278,14 +302,14 @@ class LineScanner:
                     self._emit(tail.ctx, sig.source, sig.event, fields, env, line_at[i], clean)
 
     # -- line level --------------------------------------------------------------------
-    def _scan_block(self, lines: list[str], idx: list[int], line0: int, ctx: FileContext) -> None:
+    def _scan_block(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext) -> None:
         """Signatures and blocks from the selected lines `idx` of a hit block's lines (which run on
         into the next block, for continuation lines)."""
         consumed_until = -1
         cache: dict[int, Envelope] = {}
 
         def env_at(i: int) -> Envelope | None:
-            if i >= len(lines):
+            if not lines.has(i):
                 return None
             e = cache.get(i)
             if e is None:
@@ -338,7 +362,7 @@ class LineScanner:
                         matched = True
                     continue
                 found = self.sigset.match_all(body)
-                if not found and i + 1 < len(lines):
+                if not found and lines.has(i + 1):
                     found, body = self._rejoin(lines, i, body)
                 for sig, fields in found:
                     if sig.event == "nccl_error":
@@ -353,11 +377,11 @@ class LineScanner:
                     matched = True
             del matched
 
-    def _rejoin(self, lines: list[str], i: int, body: str) -> tuple[list, str]:
+    def _rejoin(self, lines: _Lines, i: int, body: str) -> tuple[list, str]:
         """A hard-wrapped line: join the following unenveloped lines and try again (§1.8)."""
         joined = body
         for k in range(1, 3):
-            if i + k >= len(lines):
+            if not lines.has(i + k):
                 break
             nxt = ANSI.sub("", lines[i + k])
             e = peel(nxt)
