@@ -7,7 +7,9 @@ import gzip
 import io
 import lzma
 import posixpath
+import queue
 import tarfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -356,3 +358,162 @@ def iter_zip(path: str, label: str) -> Iterator[Member]:
             except (ValueError, OverflowError):
                 pass
             yield Member(name, info.file_size, mtime, stream)
+
+
+# -- read-ahead -------------------------------------------------------------------------------
+# A compressed archive's members are read ahead by a thread: decompression and tar parsing (which
+# hold the GIL) then overlap the scan's polars work (which does not). Pieces are handed over as
+# read, so a member's bytes are not copied again.
+PREFETCH_BYTES = 32 << 20  # member data read ahead, at most (one piece more when a piece is bigger)
+PREFETCH_PIECE = 16 << 20
+
+
+class _Ahead:
+    """The queue between the read-ahead thread and the consumer, bounded in bytes."""
+
+    def __init__(self) -> None:
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+        self.room = threading.Condition()
+        self.held = 0
+        self.stop = threading.Event()
+
+    def put(self, item: tuple, size: int = 0) -> bool:
+        with self.room:
+            while self.held and self.held + size > PREFETCH_BYTES:
+                if self.stop.is_set():
+                    return False
+                self.room.wait(0.1)
+            if self.stop.is_set():
+                return False
+            self.held += size
+        self.items.put(item)
+        return True
+
+    def get(self) -> tuple:
+        item = self.items.get()
+        if item[0] == "piece":
+            with self.room:
+                self.held -= len(item[1])
+                self.room.notify()
+        return item
+
+
+class _AheadStream(io.RawIOBase):
+    """A member's data as the read-ahead thread delivers it: pieces, then its end or its error.
+    read(n) returns n bytes but at the end, like the member's own stream; an error after some data
+    is raised by the next read, as the capped streams do."""
+
+    def __init__(self, ahead: _Ahead) -> None:
+        self._ahead = ahead
+        self._buf = b""
+        self._pos = 0
+        self._pending: BaseException | None = None
+        self.done = False  # the member's end (or error) was taken from the queue
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Whether buffered data is there (taking the next piece if needed); raises its error."""
+        if self._pos < len(self._buf):
+            return True
+        if self._pending is not None:
+            exc, self._pending = self._pending, None
+            raise exc
+        if self.done:
+            return False
+        kind, value = self._ahead.get()
+        if kind == "piece":
+            self._buf, self._pos = value, 0
+            return True
+        self.done = True
+        if kind == "error":
+            raise value
+        return False
+
+    def _take(self, n: int) -> bytes:
+        if self._pos == 0 and n >= len(self._buf):
+            out, self._buf = self._buf, b""  # the whole piece: no copy
+            return out
+        out = self._buf[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def read(self, n: int | None = -1) -> bytes:
+        want = ABS_CAP + 1 if n is None or n < 0 else n
+        if want == 0 or not self._fill():
+            return b""
+        first = self._take(want)
+        if len(first) == want:
+            return first
+        parts, got = [first], len(first)
+        try:
+            while got < want and self._fill():
+                part = self._take(want - got)
+                parts.append(part)
+                got += len(part)
+        except Exception as exc:  # what came before it is handed over first
+            self._pending = exc
+        return b"".join(parts)
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> None:
+        """Skip what the consumer did not read of this member."""
+        self._buf, self._pos, self._pending = b"", 0, None
+        while not self.done:
+            kind, _ = self._ahead.get()
+            self.done = kind in ("end", "error")
+
+
+def read_ahead(members: Iterator[Member]) -> Iterator[Member]:
+    """The same members, read ahead by a thread (see PREFETCH_BYTES). Each member's stream is
+    valid until the next member is asked for; errors arrive where they happened."""
+    ahead = _Ahead()
+
+    def run() -> None:
+        try:
+            for m in members:
+                if not ahead.put(("member", m)):
+                    return
+                if m.stream is None:
+                    continue
+                while True:
+                    try:
+                        piece = m.stream.read(PREFETCH_PIECE)
+                    except Exception as exc:  # handed to the consumer, raised there
+                        if not ahead.put(("error", exc)):
+                            return
+                        break
+                    if not piece:
+                        if not ahead.put(("end", None)):
+                            return
+                        break
+                    if not ahead.put(("piece", piece), len(piece)):
+                        return
+            ahead.put(("done", None))
+        except BaseException as exc:  # the archive's own error, raised in the consumer
+            ahead.put(("fatal", exc))
+
+    worker = threading.Thread(target=run, name="ncclforensics-archive", daemon=True)
+    worker.start()
+    try:
+        while True:
+            kind, value = ahead.get()
+            if kind == "done":
+                return
+            if kind == "fatal":
+                raise value
+            m = value
+            if m.stream is None:
+                yield m
+                continue
+            stream = _AheadStream(ahead)
+            yield Member(m.name, m.size, m.mtime, stream, m.refused)
+            stream.drain()
+    finally:
+        ahead.stop.set()
+        worker.join(timeout=5)

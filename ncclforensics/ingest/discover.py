@@ -144,6 +144,8 @@ def _archive_members(full: Path, rel: str, fh: BinaryIO, is_root: bool) -> Itera
             members = archive.iter_zip(str(full), rel)
         else:
             members = archive.iter_tar(fh, rel, os.fstat(fh.fileno()).st_size)
+            if archive.tar_compression(full.name) is not None:
+                members = archive.read_ahead(members)
         for m in members:
             if m.stream is None:
                 yield Source(prefix + m.name, None, m.size, m.mtime, m.refused)
