@@ -185,12 +185,14 @@ class LineScanner:
     def add_chunk(self, prep: Chunk, first_line: int, ctx: FileContext) -> None:
         """Queue the lines of the chunk's hit blocks for signatures and blocks."""
         data = prep.data
-        for bi, before in prep.hits:
+        for k, (bi, before) in enumerate(prep.hits):
             a, b = prep.spans[bi]
             n_own = prep.counts[bi] if prep.counts else data.count(b"\n", a, b)
             n_own += 1 if b == len(data) and not data.endswith(b"\n") else 0
             lines = _Lines(data, a, b)
-            self._queue(_BlockWork(ctx, lines, n_own or 1, first_line + before), len(lines), b - a)
+            # the lines hold on to the chunk (for their lookahead) until the flush
+            self._queue(_BlockWork(ctx, lines, n_own or 1, first_line + before), len(lines),
+                        len(data) if k == 0 else 0)
 
     def add_tail(self, data: bytes, first_line: int, ctx: FileContext, chunk: Chunk | None = None) -> None:
         """Queue the weak-signature scan of a file's end: `data` is the file's last chunk (`chunk`,
