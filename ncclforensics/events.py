@@ -309,7 +309,8 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
             if last is not None:
                 last[2].frame = None  # only the last chunk's frame is kept (prepare_tail reuses it)
             put(("chunk", ctx, prep, line_no))
-            prev, last = last, (data, line_no, prep)
+            # of the chunk before the last, only its end may be needed (_tail): not the whole chunk
+            prev, last = (None if last is None else (last[0][-TAIL_CHARS:],)), (data, line_no, prep)
             line_no += prep.newlines
     finally:  # what was read counts, also when the stream broke off
         ctx.lines = line_no - 1 + (1 if last is not None and not last[0].endswith(b"\n") else 0)
