@@ -107,6 +107,9 @@ class _Chain:
 # and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
 # scanner's bursts (it works in batches, LineScanner.flush).
 READ_AHEAD_BYTES = 32 << 20
+# Small files read whole share one prefilter query (a query per file costs ~1-2 ms of overhead) up to
+# this many bytes.
+BATCH_BYTES = 8 << 20
 
 
 def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
@@ -192,6 +195,8 @@ class _Reader:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.room = threading.Condition()
         self.held = 0  # bytes of the prepared chunks in the queue
+        self.pending: list[tuple] = []  # small files read whole, waiting for one shared prefilter query
+        self.pending_bytes = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ncclforensics-reader", daemon=True)
 
@@ -217,6 +222,27 @@ class _Reader:
             yield item
 
     def _put(self, item: object) -> None:
+        if self.pending:
+            self._prepare_pending()  # the small files read before this item come first
+        self._put_now(item)
+
+    def _defer(self, src: Source, ctx: FileContext, data: bytes, exc: BaseException | None) -> None:
+        self.pending.append((src, ctx, data, exc))
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= BATCH_BYTES:
+            self._prepare_pending()
+
+    def _prepare_pending(self) -> None:
+        """One prefilter query for the small files read whole so far, then their items in order."""
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        preps = self.scanner.prepare_chunks([data for _, _, data, _ in pending])
+        for (src, ctx, data, exc), prep in zip(pending, preps, strict=True):
+            ctx.lines = prep.newlines + (1 if data and not data.endswith(b"\n") else 0)
+            self._put_now(("chunk", ctx, prep, 1))
+            self._put_now(("tail", ctx, (data, 1, prep)))
+            self._put_now(("end", src, ctx, len(data), exc))
+
+    def _put_now(self, item: object) -> None:
         size = _held(item) if isinstance(item, tuple) and item[0] == "chunk" else 0
         with self.room:
             while self.held and self.held + size > READ_AHEAD_BYTES:
@@ -241,16 +267,17 @@ class _Reader:
                 ctx = path_hints(src.name)
                 nbytes, exc = 0, None
                 try:
-                    nbytes = _read_source(src, ctx, self.scanner, self._put)
+                    nbytes = _read_source(src, ctx, self.scanner, self._put, self._defer)
                 except (UnsafeInputError, decode.BinaryContent, OSError) as err:
                     exc = err
-                self._put(("end", src, ctx, nbytes, exc))
+                if nbytes is not None:
+                    self._put(("end", src, ctx, nbytes, exc))
             self._put(self._DONE)
         except _Stopped:
             return
         except BaseException as err:  # re-raised in the scanner thread, which reports it
             try:
-                self._put(("fatal", err))
+                self._put_now(("fatal", err))  # not _put: the pending files' query may be what failed
             except _Stopped:
                 return
 
@@ -263,9 +290,12 @@ class _Stopped(Exception):
     """The scanner thread stopped listening."""
 
 
-def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Callable[[object], None]) -> int:
+def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Callable[[object], None],
+                 defer: Callable[[Source, FileContext, bytes, BaseException | None], None] | None = None,
+                 ) -> int | None:
     """Read one source in the reader thread; hands ("chunk", ...) and ("tail", ...) items to `put`
-    and returns the bytes read."""
+    and returns the bytes read, or hands a small text file read whole to `defer` (whose items
+    follow later, in order) and returns None."""
     stream = src.stream
     # A file of known size below a chunk is read at once (no copy to join a sniffed head to the
     # rest); its start tells what the file is. Bigger ones start with a head (measured: a first
@@ -298,6 +328,19 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
     elif decode.cr_only(head):
         chunks = decode.iter_chunks(decode.CrToLf(stream), first.replace(b"\r", b"\n"))
     else:
+        if defer is not None and small and first:
+            # the whole file is in hand: its prefilter can run together with other small files'
+            err = None
+            try:
+                more = stream.read(decode.CHUNK_SIZE)
+                if not more:
+                    stream.read(1)  # confirm the end: a truncated compressed stream raises here
+            except (UnsafeInputError, OSError) as exc:
+                more, err = b"", exc
+            if not more:
+                defer(src, ctx, decode.clean(first), err)
+                return None
+            first += more  # the file grew while it was read
         chunks = decode.iter_chunks(stream, first)
     nbytes = 0
     line_no = 1

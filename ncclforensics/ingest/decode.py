@@ -75,11 +75,11 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> 
                 data = stream.read(chunk_size)
             except Exception:  # damage or a cap: what was decoded before it still counts
                 if carry:
-                    yield _clean(carry)
+                    yield clean(carry)
                 raise
             if not data:
                 if carry:
-                    yield _clean(carry)
+                    yield clean(carry)
                 return
             buf = carry + data if carry else data
         cut = buf.rfind(b"\n")
@@ -87,17 +87,18 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> 
             if len(buf) < chunk_size:
                 carry = buf
                 continue
-            yield _clean(buf)
+            yield clean(buf)
             carry = b""
             continue
         if cut + 1 == len(buf):
             body, carry = buf, b""  # no copy
         else:
             body, carry = buf[: cut + 1], buf[cut + 1 :]
-        yield _clean(body)
+        yield clean(body)
 
 
-def _clean(data: bytes) -> bytes:
+def clean(data: bytes) -> bytes:
+    """The bytes without NULs."""
     # translate, not replace: 30x faster on a run of zeros (2 GiB hole: ~1 s instead of ~30 s)
     return data.translate(None, b"\x00") if b"\x00" in data else data
 

@@ -154,27 +154,48 @@ class LineScanner:
     # -- block level -------------------------------------------------------------------
     def prepare_chunk(self, data: bytes) -> Chunk:
         """Which ~64 KiB blocks of the chunk hold an anchor (or a colour code), and its newlines."""
-        spans = _block_spans(data)
-        if not spans:
-            return Chunk(data, spans, None, [], 0, [])
-        if len(data) <= SMALL_CHUNK and not any(a in data for a in self.anchor_bytes):
-            # a small file with nothing of interest: no polars round trip
-            return Chunk(data, spans, None, [], data.count(b"\n"))
-        frame = pl.DataFrame([_utf8_blocks([data[a:b] for a, b in spans])])
+        return self.prepare_chunks([data])[0]
+
+    def prepare_chunks(self, datas: list[bytes]) -> list[Chunk]:
+        """prepare_chunk for several chunks (small files) in one polars query."""
+        out: list[Chunk | None] = []
+        todo: list[tuple[int, bytes, list[tuple[int, int]]]] = []
+        for data in datas:
+            spans = _block_spans(data)
+            if not spans:
+                out.append(Chunk(data, spans, None, [], 0, []))
+            elif len(data) <= SMALL_CHUNK and not any(a in data for a in self.anchor_bytes):
+                # a small file with nothing of interest: no polars round trip
+                out.append(Chunk(data, spans, None, [], data.count(b"\n")))
+            else:
+                out.append(None)
+                todo.append((len(out) - 1, data, spans))
+        if not todo:
+            return out  # type: ignore[return-value]
+        frame = pl.DataFrame([_utf8_blocks([data[a:b] for _, data, spans in todo for a, b in spans])])
         # colour codes can sit inside a literal: such blocks go to Python, which strips them
         groups = {f"g{i}": e for i, e in enumerate(self.block_exprs)}
         res = frame.select(**groups, ansi=pl.col("b").str.contains("\x1b[", literal=True),
                            nl=pl.col("b").str.count_matches("\n", literal=True).fill_null(-1))
-        counts = [c if c >= 0 else data.count(b"\n", *spans[k]) for k, c in enumerate(res["nl"].to_list())]
-        hits = res.select(pl.any_horizontal(pl.exclude("nl"))).to_series().arg_true().to_list()
-        before = []
-        line_at = 0
-        done = 0
-        for bi in hits:
-            line_at += sum(counts[done:bi])
-            done = bi
-            before.append(line_at)
-        return Chunk(data, spans, frame, list(zip(hits, before, strict=True)), sum(counts), counts)
+        all_hits = res.select(pl.any_horizontal(pl.exclude("nl"))).to_series().arg_true().to_list()
+        all_counts = res["nl"].to_list()
+        at = 0
+        for i, data, spans in todo:
+            n = len(spans)
+            counts = [c if c >= 0 else data.count(b"\n", *spans[k])
+                      for k, c in enumerate(all_counts[at : at + n])]
+            hits = [h - at for h in all_hits[bisect_left(all_hits, at) : bisect_left(all_hits, at + n)]]
+            before = []
+            line_at = 0
+            done = 0
+            for bi in hits:
+                line_at += sum(counts[done:bi])
+                done = bi
+                before.append(line_at)
+            out[i] = Chunk(data, spans, frame.slice(at, n) if len(todo) > 1 else frame,
+                           list(zip(hits, before, strict=True)), sum(counts), counts)
+            at += n
+        return out  # type: ignore[return-value]
 
     # The line-level work is batched: add_chunk / add_tail / add_call queue it, and flush() runs the
     # line selection of everything queued as one polars query (a query per block waited for the
