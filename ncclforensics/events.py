@@ -34,6 +34,11 @@ NOT_LOG_SUFFIXES = (
     ".html", ".htm", ".css", ".js", ".lock",
 )
 
+NOT_A_LOG = "not a log (script, config, document or data file)"
+# Documents among them that may be pasted console output (an issue body saved as issue.md): read when
+# a folder holds nothing else.
+DOC_SUFFIXES = (".md", ".rst")
+
 _TORCHRUN_TREE = re.compile(r"(?:^|/)(?P<node>(?:[^/]+/)*?[^/]+)/attempt_(?P<attempt>\d+)/(?P<lr>\d+)/(?P<leaf>[^/]+)$")
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[_\-]?(?P<r>\d{1,6})(?![\d])", re.I)
 # node05, gpu-q17, ip-10-0-0-1, worker12.cluster: letters, then a number that ends the short name
@@ -131,6 +136,8 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
             match item:
                 case ("skip", name, reason):
                     scanner.add_call(functools.partial(result.skipped.append, Skipped(name, reason)))
+                case ("note", text):
+                    scanner.add_call(functools.partial(result.notes.append, text))
                 case ("chunk", ctx, prep, first_line):
                     scanner.add_chunk(prep, first_line, ctx)
                 case ("tail", ctx, (data, first, chunk)):
@@ -257,21 +264,30 @@ class _Reader:
     def _run(self) -> None:
         try:
             walking = self.root.is_dir() or archive.is_archive(self.root.name)
+            docs: list[str] = []
+            read_any = False
             for src in iter_sources(self.root):
                 if src.skipped:
                     self._put(("skip", src.name, src.skipped))
                     continue
                 if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
-                    self._put(("skip", src.name, "not a log (script, config, document or data file)"))
+                    if self.root.is_dir() and src.name.lower().endswith(DOC_SUFFIXES):
+                        docs.append(src.name)  # read only if the folder holds no log at all
+                    else:
+                        self._put(("skip", src.name, NOT_A_LOG))
                     continue
-                ctx = path_hints(src.name)
-                nbytes, exc = 0, None
-                try:
-                    nbytes = _read_source(src, ctx, self.scanner, self._put, self._defer)
-                except (UnsafeInputError, decode.BinaryContent, OSError) as err:
-                    exc = err
-                if nbytes is not None:
-                    self._put(("end", src, ctx, nbytes, exc))
+                read_any = self._source(src) or read_any
+            if docs and not read_any:
+                # a folder of pasted output saved as documents (an issue body as issue.md): read them
+                self._put(("note", f"no log files beside {', '.join(docs[:3])}{' …' if len(docs) > 3 else ''}: "
+                                   "read as logs"))
+                for name in docs:
+                    for src in iter_sources(self.root / name):
+                        src.name = name
+                        self._source(src)
+            else:
+                for name in docs:
+                    self._put(("skip", name, NOT_A_LOG))
             self._put(self._DONE)
         except _Stopped:
             return
@@ -280,6 +296,23 @@ class _Reader:
                 self._put_now(("fatal", err))  # not _put: the pending files' query may be what failed
             except _Stopped:
                 return
+
+
+    def _source(self, src: Source) -> bool:
+        """Read one source; whether it held any bytes."""
+        if src.skipped:
+            self._put(("skip", src.name, src.skipped))
+            return False
+        ctx = path_hints(src.name)
+        nbytes, exc = 0, None
+        try:
+            nbytes = _read_source(src, ctx, self.scanner, self._put, self._defer)
+        except (UnsafeInputError, decode.BinaryContent, OSError) as err:
+            exc = err
+        if nbytes is None:  # deferred: a small file read whole
+            return True
+        self._put(("end", src, ctx, nbytes, exc))
+        return nbytes > 0 and exc is None
 
 
 def _held(item: tuple) -> int:

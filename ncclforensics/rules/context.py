@@ -18,7 +18,7 @@ SYMPTOM_KINDS = frozenset({
 })
 # Exception texts that are symptoms of a peer's failure (FORMATS.md §5, §6, §9.2).
 _SYMPTOM_TEXT = re.compile(
-    r"Timed out waiting \d+ms|Connection closed by peer|Read error \[|Connection reset by peer|"
+    r"Timed out waiting \d+ms|Connection closed by (?:remote )?peer|Read error \[|Connection reset by peer|"
     r"Watchdog caught collective operation timeout|remote process exited|failed to pass monitoredBarrier|"
     r"successfully reached monitoredBarrier|NCCL communicator was aborted|Failed to recv, got 0 bytes|"
     r"Broken pipe|ChildFailedError|Detected mismatch between collectives|Socket Timeout|"
@@ -43,7 +43,7 @@ def is_symptom_row(row: dict) -> bool:
     kind = row["kind"]
     if kind in SYMPTOM_KINDS:
         return True
-    if kind in ("exception", "error_file", "child_failed", "nccl_error", "store_conn_lost"):
+    if kind in ("exception", "error_file", "child_failed", "nccl_error", "store_conn_lost", "watchdog_exception"):
         text = f"{row.get('detail') or ''} {row.get('text') or ''}"
         if _SYMPTOM_TEXT.search(text):
             return True

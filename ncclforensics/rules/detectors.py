@@ -346,8 +346,20 @@ def memory_exhausted(ctx: Context) -> list[Hit]:
                                 "ranks": rank_ranges(culprits, count=False) or "unknown"},
                         ts=_earliest_ts(rows), collective=_stuck_collective(ctx), confidence=conf,
                         params={"mode": kind, "culprit_ranks": culprits}))
-    killed = [r for r in ctx.rows("oom_killer", "slurm_oom")
-              if not str(extra(r).get("comm", "")).startswith("pt_data_worker")]
+    # a DataLoader worker the OOM killer took is DL001's (its pid is in the "DataLoader worker (pid N)
+    # is killed" line, its name pt_data_worker); Slurm's "Detected N oom_kill event" counts the same
+    # kills, so it is theirs too when every kill we can see, or the only death, is a worker's
+    loader_pids = {extra(r).get("worker_pid") for r in ctx.rows("worker_killed")} - {None}
+    loader_sigkill = any(r["code"] == 9 for r in ctx.rows("worker_killed"))
+
+    def worker_kill(r: dict) -> bool:
+        x = extra(r)
+        return str(x.get("comm", "")).startswith("pt_data_worker") or x.get("victim_pid") in loader_pids
+
+    kernel = ctx.rows("oom_killer")
+    killed = [r for r in kernel if not worker_kill(r)]
+    if killed or not ((kernel and all(map(worker_kill, kernel))) or (not kernel and loader_sigkill)):
+        killed += ctx.rows("slurm_oom")
     if killed:
         # the killed pid on that host (pids repeat across hosts); a kernel log without a host name
         # matches a pid only if no two hosts share it
@@ -388,6 +400,9 @@ def rank_exception(ctx: Context) -> list[Hit]:
            if (r["kind"] in ("exception", "error_file")
                or (r["kind"] == "cuda_error" and not _HW_CUDA.search(r.get("detail") or "")))
            and not (_NCCL_RAISED.search(r.get("detail") or "") and not ctx.training_started)}
+    conf = 1.0
+    if not own:
+        own, conf = _unprefixed_exception(ctx), 0.85
     if not own:
         return []
     first = sorted(own.values(), key=lambda r: (r["ts"] is None, r["ts"]))
@@ -398,9 +413,30 @@ def rank_exception(ctx: Context) -> list[Hit]:
     exc = (first[0].get("detail") or first[0]["text"] or "")[:200]
     cuda = first[0]["kind"] == "cuda_error" or bool(_CUDA_RAISED.search(exc))
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(first + _peer_symptoms(ctx, culprits)),
-                fields={"exc": exc, **_rank_fields(culprits)}, ts=t0,
+                fields={"exc": exc, **_rank_fields(culprits)}, ts=t0, confidence=conf,
                 collective=_stuck_collective(ctx),
                 params={"mode": "exception", "culprit_ranks": culprits, "error": "cuda" if cuda else "python"})]
+
+
+def _unprefixed_exception(ctx: Context) -> dict[int, dict]:
+    """A worker's own exception printed without a rank prefix (torch < 2.4 consoles, pastes), when
+    torchrun reports exactly one worker that exited with code 1 (an uncaught Python exception) and
+    no rank-bearing failure of its own: {that rank: the exception row, timed by torchrun's report}."""
+    exited = [rk for rk, code in ctx.exit_codes.items() if code == 1]
+    if len(exited) != 1:
+        return {}
+    rank = exited[0]
+    rows = [r for r in ctx.rows("exception") if r["rank"] is None and r["source"] == "python"
+            and not is_symptom_row(r) and not _NCCL_RAISED.search(r.get("detail") or "")]
+    if not rows:
+        return {}
+    report = next((r for r in ctx.rows("child_failed", "worker_failed") if r["rank"] == rank), None)
+    row = dict(rows[0], rank=rank)
+    if row["ts"] is None and report is not None:
+        row["ts"] = report["ts"]
+    ctx.notes.append(f"an exception without a rank prefix was attributed to rank {rank}, the one worker "
+                     "torchrun reports exiting with code 1")
+    return {rank: row}
 
 
 _CUDA_RAISED = re.compile(r"CUDA error|illegal memory access|device-side assert|misaligned address|"
@@ -437,11 +473,12 @@ def rank_signal(ctx: Context) -> list[Hit]:
     # SIGABRT known only from torchrun's exit code, with no line of the rank's own: the NCCL watchdog
     # ends a rank that timed out with SIGABRT too (§3.7), so this may be a symptom. Its log settles it.
     own = {r["rank"] for r in ctx.all_rows if r["rank"] in codes and r["kind"] not in _AGENT_KINDS}
-    if sig == 6 and not sig_rows and not own:
-        confidence = 0.5
+    if sig == 6 and not own and not any(r["rank"] in codes for r in sig_rows) and codes:
+        # (rank-less `Fatal Python error: Aborted` lines are other ranks' watchdog teardowns as often)
         ctx.notes.append(f"rank {rank_ranges(ranks, count=False)} is known to have died of SIGABRT only from "
-                         "torchrun's exit code; a watchdog timeout ends a rank the same way. Its own log "
-                         "would tell which.")
+                         "torchrun's exit code; the NCCL watchdog ends a rank that timed out the same way, "
+                         "so this names no culprit. That rank's own log would tell which.")
+        return []
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + _peer_symptoms(ctx, culprits)),
                 fields={"signal": signame, "ranks": rank_ranges(ranks, count=False) or "unknown",
                         "who": "every rank" if every else "rank " + rank_ranges(ranks, count=False)},
