@@ -44,6 +44,8 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[_\-]?(?P<r>\d{1,6})(?![\d])", re.I)
 # node05, gpu-q17, ip-10-0-0-1, worker12.cluster: letters, then a number that ends the short name
 _HOSTISH = re.compile(r"^[A-Za-z][A-Za-z\-_]{0,40}\d[\d\-]{0,20}(?:\.[A-Za-z][\w\-]{0,62}){0,6}$")
 _DMESG_HOST = re.compile(r"^(?:dmesg|kern|syslog|messages)[-_.](?P<host>[A-Za-z][\w.\-]+?)(?:\.(?:log|txt|out))?$")
+_KERNEL_DIR = re.compile(r"^(?:dmesg|kern|kernel|syslog|messages)(?:[-_.]?logs?)?$", re.I)
+_STEM = re.compile(r"(?:\.(?:log|txt|out))+$", re.I)
 _EXTENSIONS = frozenset({"txt", "log", "out", "err", "gz", "bz2", "zst", "xz", "json"})
 _NOT_HOST_DIRS = re.compile(
     r"^(?:attempt_\d+|\d+|logs?|torchrun_logs|fr_trace\w*|run\w*|job\w*|step\w*|output\w*|tmp|rank\w*|"
@@ -82,6 +84,10 @@ def path_hints(name: str) -> FileContext:
     dm = _DMESG_HOST.match(leaf)
     if dm is not None and dm.group("host").lower() not in _EXTENSIONS:  # dmesg.txt names no host
         ctx.host = dm.group("host")
+    elif len(parts) > 1 and _KERNEL_DIR.match(parts[-2]):
+        stem = _STEM.sub("", leaf)  # dmesg/gpu-b27.txt: one kernel log per host, named by the host
+        if _HOSTISH.match(stem) and not _RANK_NAME.search(stem):
+            ctx.host = stem
     for d in reversed(dirs):
         if _HOSTISH.match(d) and not _NOT_HOST_DIRS.match(d):
             ctx.host = ctx.host or d
@@ -557,12 +563,14 @@ def _map_rank(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r")
 
 
-def _rank_from(df: pl.DataFrame, candidate: pl.Expr, *, allowed: bool = True) -> pl.DataFrame:
+def _rank_from(df: pl.DataFrame, candidate: pl.Expr, *, allowed: bool = True,
+               unchecked: bool = False) -> pl.DataFrame:
     """Fill `rank` from `candidate` where it is missing, if allowed and if every row that has both
-    agrees (and at least one does): a source of ranks is trusted only once it is seen to be right."""
+    agrees (and at least one does, unless `unchecked`): a source of ranks is trusted only once it
+    is seen to be right."""
     df = df.with_columns(candidate.alias("_cand"))
     both = df.filter(pl.col("rank").is_not_null() & pl.col("_cand").is_not_null())
-    if allowed and both.height and (both["rank"] == both["_cand"]).all():
+    if allowed and (both.height or unchecked) and (both["rank"] == both["_cand"]).all():
         df = df.with_columns(pl.coalesce("rank", "_cand").alias("rank"))
     return df.drop("_cand")
 
@@ -595,8 +603,15 @@ def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
     if world is None:
         return df
     nccl_rank = pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False)
-    return _rank_from(df, pl.when(is_init & (nranks == world)).then(nccl_rank),
-                      allowed=world >= df["rank"].drop_nulls().n_unique())
+    cand = pl.when(is_init & (nranks == world)).then(nccl_rank)
+    # With no line to check them against (per-process NCCL_DEBUG_FILEs, no rank prefixes), they are
+    # still trusted when each process has one world-sized communicator rank and no two processes
+    # share one: a second communicator of that size with the ranks in another order would not pass.
+    inits = (df.filter(is_init & (nranks == world) & pl.col("pid").is_not_null())
+             .select("host", "pid", nccl_rank.alias("r")).drop_nulls("r").unique())
+    unchecked = bool(inits.height) and (inits.group_by("host", "pid").len()["len"].max() == 1
+                                        and inits["r"].n_unique() == inits.height)
+    return _rank_from(df, cand, allowed=world >= df["rank"].drop_nulls().n_unique(), unchecked=unchecked)
 
 
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:

@@ -276,6 +276,9 @@ def test_nccl_lines_are_their_own_writer() -> None:
 @pytest.mark.parametrize(("name", "host"), [
     ("dmesg-gpu-q17.txt", "gpu-q17"), ("kern.gpu-b.log", "gpu-b"), ("syslog_node05", "node05"),
     ("dmesg.txt", None), ("dmesg.log", None), ("kern.log", None), ("node05/dmesg.txt", "node05"),
+    # one kernel log per host in a kernel-log folder, named by the host
+    ("dmesg/gpu-b27.txt", "gpu-b27"), ("kern_logs/node05.log", "node05"), ("run/dmesg/gpu-k51.log", "gpu-k51"),
+    ("dmesg/rank3.log", None), ("dmesg/dmesg.txt", None), ("logs/node05.log", None),
 ])
 def test_kernel_log_names_give_the_host(name: str, host: str | None):
     from ncclforensics.events import path_hints

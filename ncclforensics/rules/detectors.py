@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -494,8 +495,8 @@ _AGENT_KINDS = frozenset({"child_failed", "worker_failed", "closing_signal"})
 @detector
 def gpu_fault(ctx: Context, fatal_xids: list[int] | None = None) -> list[Hit]:
     fatal = set(fatal_xids or [])
-    xids = [r for r in ctx.rows("xid") if r["code"] in fatal]
-    lost = ctx.rows("gpu_lost")
+    xids = _current_kernel_rows(ctx, [r for r in ctx.rows("xid") if r["code"] in fatal])
+    lost = _current_kernel_rows(ctx, ctx.rows("gpu_lost"))
     cuda = [r for r in ctx.rows("cuda_error", "watchdog_exception") if _HW_CUDA.search(r.get("detail") or "")]
     rows = xids + lost + cuda
     if not rows:
@@ -525,6 +526,27 @@ def gpu_fault(ctx: Context, fatal_xids: list[int] | None = None) -> list[Hit]:
                         "hosts": ", ".join(hosts) or "unknown host"},
                 ts=_earliest_ts(rows), collective=_stuck_collective(ctx), confidence=1.0 if before else 0.7,
                 params={"culprit_ranks": sorted(set(culprits))})]
+
+
+# A kernel log spans the node's uptime: a GPU fault this long before the run's first line of its own
+# (and before twice its longest collective timeout) belongs to an earlier job.
+STALE_KERNEL_S = 3600
+
+
+def _current_kernel_rows(ctx: Context, rows: list[dict]) -> list[dict]:
+    """`rows` (kernel events) without those from well before the run, once the run had trained."""
+    own = [r["ts"] for r in ctx.all_rows if r["ts"] is not None and r["source"] != "kernel"]
+    if not rows or not own or not ctx.training_started:
+        return rows
+    timeouts = [r["timeout_ms"] for r in ctx.rows("watchdog_timeout") if r.get("timeout_ms")]
+    margin = dt.timedelta(seconds=max(STALE_KERNEL_S, 2 * max(timeouts, default=0) / 1000))
+    start = min(own)
+    stale = [r for r in rows if r["ts"] is not None and r["ts"] < start - margin]
+    for r in stale[:3]:
+        ctx.notes.append(f"{r['file']}:{r['line']}: a GPU fault at {r['ts']:%Y-%m-%d %H:%M} is "
+                         f"{(start - r['ts']).total_seconds() / 3600:.0f} h older than the run's first "
+                         "line; left out as an earlier job's")
+    return [r for r in rows if r not in stale]
 
 
 _NET_RUNTIME = re.compile(
