@@ -341,10 +341,14 @@ class LineScanner:
                 cache[i] = e
             return e
 
+        progress: list[int] = []  # lines whose only candidate is a progress signature
         for i in idx:
             if i <= consumed_until:
                 continue
             raw = lines[i][:MAX_LINE]
+            if self._progress_only(raw):
+                progress.append(i)
+                continue
             clean = ANSI.sub("", raw)
             envs = peel_all(clean)
             matched = False
@@ -399,6 +403,28 @@ class LineScanner:
                     self._emit(ctx, sig.source, sig.event, fields, env, line0 + i, clean)
                     matched = True
             del matched
+        self._scan_progress(lines, progress, line0, ctx)
+
+    def _progress_only(self, raw: str) -> bool:
+        """Whether the only signatures a line could match are progress ones (the body is part of the
+        raw line, so its candidates are among the raw line's)."""
+        cands = self.sigset.candidates(raw)
+        return bool(cands) and all(sig.event == "step_progress" for sig in cands)
+
+    def _scan_progress(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext) -> None:
+        """Progress lines of a block, last first, until each writer has KEEP_PROGRESS rows: only a
+        rank's last ones are kept (_emit), and a log may print one every step."""
+        kept: dict[object, int] = {}
+        for i in reversed(idx):
+            clean = ANSI.sub("", lines[i][:MAX_LINE])
+            for env in peel_all(clean):
+                who = (env.key, env.rank, env.local_rank)
+                if kept.get(who, 0) >= KEEP_PROGRESS:
+                    continue
+                for sig, fields in self.sigset.match_all(env.body):
+                    self._emit(ctx, sig.source, sig.event, fields, env, line0 + i, clean)
+                    if sig.event == "step_progress":
+                        kept[who] = kept.get(who, 0) + 1
 
     def _rejoin(self, lines: _Lines, i: int, body: str) -> tuple[list, str]:
         """A hard-wrapped line: join the following unenveloped lines and try again (§1.8)."""
