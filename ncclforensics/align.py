@@ -46,8 +46,15 @@ def _pg_of(df: pl.DataFrame) -> pl.Expr:
 
 
 def frontier(events: pl.DataFrame) -> pl.DataFrame:
-    """One row per (pg, rank) that any collective-position evidence mentions."""
+    """One row per (pg, rank) that any collective-position evidence mentions. After a worker-group
+    restart (torchrun attempt_<n> trees) SeqNums start again: the first attempt that failed in a
+    collective is the one aligned (FORMATS.md §2.2: keep the first attempt's failure)."""
     ev = events.filter(pl.col("rank").is_not_null())
+    attempt = pl.col("extra").str.json_path_match("$.attempt").cast(pl.Int64, strict=False)
+    placed = ev.filter(pl.col("kind").cast(pl.Utf8).is_in([*STATUS_KINDS, *TIMEOUT_KINDS, "fr_entry"]))
+    attempts = placed.select(attempt.drop_nulls().unique())
+    if attempts.height > 1:
+        ev = ev.filter(attempt.is_null() | (attempt == attempts.min().item()))
     rows: dict[tuple[str, int], dict] = {}
 
     def slot(pg: str | None, rank: int, host: str | None) -> dict:

@@ -74,6 +74,7 @@ def path_hints(name: str) -> FileContext:
     m = _TORCHRUN_TREE.search(name)
     if m is not None and m.group("leaf") in ("stdout.log", "stderr.log", "error.json"):
         ctx.local_rank = int(m.group("lr"))
+        ctx.attempt = int(m.group("attempt"))
         ctx.node = m.group("node")
         dirs = m.group("node").split("/")[:-1]  # the part before <run_id>_<random>
     else:

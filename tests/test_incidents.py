@@ -392,3 +392,19 @@ def test_documents_are_not_read_beside_logs(tmp_path: Path):
     res = analyze_path(tmp_path / "run")
     assert res.diagnosis.verdict.rule != "RC001"
     assert any(s.file == "README.md" and "not a log" in s.reason for s in res.ingest.skipped)
+
+
+def test_restart_keeps_the_first_attempts_collective(tmp_path: Path):
+    """torchrun --log-dir with a worker-group restart (FORMATS.md §2.2): SeqNums start again in
+    attempt_1, so the collective the ranks hung in is attempt_0's."""
+    line = ("[rank{r}]:[E0612 0{h}:10:00.000000000 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum={seq}, OpType=BARRIER, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+            "ran for 600010 milliseconds before timing out.\n")
+    for attempt, seq, h in ((0, 72009, 1), (1, 12004, 3)):
+        for r in (1, 2, 3):
+            d = tmp_path / "run" / "node0" / "run0612_9f2kq1xa" / f"attempt_{attempt}" / str(r)
+            d.mkdir(parents=True)
+            (d / "stderr.log").write_text(line.format(r=r, seq=seq, h=h))
+    res = analyze_path(tmp_path / "run")
+    c = res.diagnosis.verdict.collective
+    assert (c.op_type, c.seq) == ("BARRIER", 72009), c

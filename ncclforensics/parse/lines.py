@@ -42,6 +42,7 @@ class FileContext:
     local_rank: int | None = None
     host: str | None = None
     node: str = ""
+    attempt: int | None = None  # torchrun --log-dir attempt_<n> (restarts of the worker group)
     rows: list[dict] = field(default_factory=list)
     progress: dict = field(default_factory=dict)  # rank -> its last step_progress rows
     lines: int = 0
@@ -463,6 +464,8 @@ class LineScanner:
             extra["cuda_dev"] = env.nccl_dev
         if env.agent:
             extra["agent"] = True
+        if ctx.attempt is not None:
+            extra["attempt"] = ctx.attempt
         if extra:
             row["extra"] = json.dumps(extra, default=str)
         row.setdefault("ts", env.ts)
