@@ -553,6 +553,7 @@ _NET_RUNTIME = re.compile(
     r"NET/IB|NET/OFI|Got completion from peer|async fatal event|Got async event|ibv_|"
     r"socketProgress|Call to recv from|Connection closed by remote peer|Socket recv failed|"
     r"\[Proxy Service \d+\] Failed", re.I)
+_LINK_EVENT = re.compile(r"Got async event|async fatal event", re.I)
 _NET_INIT = re.compile(
     r"Bootstrap|no socket interface|No usable listening interface|neither AF_INET|Connect to .* failed|"
     r"socketStartConnect|socketPollConnect|exceeded retries|exceeded timeouts|Message truncated|"
@@ -577,10 +578,18 @@ def nccl_network(ctx: Context, phase: str = "runtime") -> list[Hit]:
     if not rows:
         return []
     hosts = sorted({r["host"] for r in rows if r["host"]})
+    culprits: list[int] = []
+    # an event of a NIC's own link (port error, async fatal event) is local: it names the host and
+    # the ranks that use that NIC; completion errors are seen by both ends of a broken connection
+    local = [r for r in warns if _LINK_EVENT.search(r.get("detail") or "")] if phase == "runtime" else []
+    if local:
+        hosts = sorted({r["host"] for r in local if r["host"]}) or hosts
+        culprits = sorted({r["rank"] for r in local if r["rank"] is not None})
+        rows = local + [r for r in rows if r not in local]
     first = rows[0]
     what = (first.get("detail") or "") + (f" — last NCCL warning: {extra(first)['last_error']}"
                                           if extra(first).get("last_error") else "")
-    return [Hit(culprits=[], evidence=ctx.evidence_rows(rows), hosts=hosts,
+    return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows), hosts=hosts,
                 fields={"what": what[:300], "hosts": ", ".join(hosts) or "unknown"},
                 ts=_earliest_ts(rows), collective=_stuck_collective(ctx), confidence=1.0 if warns else 0.7,
                 params={"mode": "unreachable_store"})]
