@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import queue
 import re
 import threading
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from ncclforensics.bounded import BytesQueue
 from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.discover import Source, iter_sources, run_name
@@ -206,12 +206,9 @@ class _Reader:
     def __init__(self, root: Path, scanner: LineScanner) -> None:
         self.root = root
         self.scanner = scanner
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.room = threading.Condition()
-        self.held = 0  # bytes of the prepared chunks in the queue
+        self.queue = BytesQueue(READ_AHEAD_BYTES)  # sized by the prepared chunks' bytes
         self.pending: list[tuple] = []  # small files read whole, waiting for one shared prefilter query
         self.pending_bytes = 0
-        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ncclforensics-reader", daemon=True)
 
     def __enter__(self) -> _Reader:
@@ -219,16 +216,12 @@ class _Reader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop.set()  # the scanner is done (or failed): let the reader leave a blocked put()
+        self.queue.stop.set()  # the scanner is done (or failed): let the reader leave a blocked put()
         self.thread.join()
 
     def __iter__(self):
         while True:
             item = self.queue.get()
-            if isinstance(item, tuple) and item[0] == "chunk":
-                with self.room:
-                    self.held -= _held(item)
-                    self.room.notify()
             if item is self._DONE:
                 return
             if isinstance(item, tuple) and item[0] == "fatal":
@@ -257,16 +250,10 @@ class _Reader:
             self._put_now(("end", src, ctx, len(data), exc))
 
     def _put_now(self, item: object) -> None:
-        size = _held(item) if isinstance(item, tuple) and item[0] == "chunk" else 0
-        with self.room:
-            while self.held and self.held + size > READ_AHEAD_BYTES:
-                if self.stop.is_set():
-                    raise _Stopped
-                self.room.wait(0.1)
-            if self.stop.is_set():
-                raise _Stopped
-            self.held += size
-        self.queue.put(item)
+        # a prepared chunk holds its bytes twice: as bytes and as a polars column
+        size = 2 * len(item[2].data) if isinstance(item, tuple) and item[0] == "chunk" else 0
+        if not self.queue.put(item, size):
+            raise _Stopped
 
     def _run(self) -> None:
         try:
@@ -320,10 +307,6 @@ class _Reader:
             return True
         self._put(("end", src, ctx, nbytes, exc))
         return nbytes > 0 and exc is None
-
-
-def _held(item: tuple) -> int:
-    return 2 * len(item[2].data)
 
 
 class _Stopped(Exception):

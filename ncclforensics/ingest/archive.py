@@ -7,7 +7,6 @@ import gzip
 import io
 import lzma
 import posixpath
-import queue
 import tarfile
 import threading
 import zipfile
@@ -15,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from ncclforensics.bounded import BytesQueue
 from ncclforensics.errors import UnsafeInputError
 
 # A decompressed stream may grow to RATIO_CAP x its compressed size once it is past
@@ -368,42 +368,12 @@ PREFETCH_BYTES = 32 << 20  # member data read ahead, at most (one piece more whe
 PREFETCH_PIECE = 16 << 20
 
 
-class _Ahead:
-    """The queue between the read-ahead thread and the consumer, bounded in bytes."""
-
-    def __init__(self) -> None:
-        self.items: queue.SimpleQueue = queue.SimpleQueue()
-        self.room = threading.Condition()
-        self.held = 0
-        self.stop = threading.Event()
-
-    def put(self, item: tuple, size: int = 0) -> bool:
-        with self.room:
-            while self.held and self.held + size > PREFETCH_BYTES:
-                if self.stop.is_set():
-                    return False
-                self.room.wait(0.1)
-            if self.stop.is_set():
-                return False
-            self.held += size
-        self.items.put(item)
-        return True
-
-    def get(self) -> tuple:
-        item = self.items.get()
-        if item[0] == "piece":
-            with self.room:
-                self.held -= len(item[1])
-                self.room.notify()
-        return item
-
-
 class _AheadStream(io.RawIOBase):
     """A member's data as the read-ahead thread delivers it: pieces, then its end or its error.
     read(n) returns n bytes but at the end, like the member's own stream; an error after some data
     is raised by the next read, as the capped streams do."""
 
-    def __init__(self, ahead: _Ahead) -> None:
+    def __init__(self, ahead: BytesQueue) -> None:
         self._ahead = ahead
         self._buf = b""
         self._pos = 0
@@ -472,7 +442,7 @@ class _AheadStream(io.RawIOBase):
 def read_ahead(members: Iterator[Member]) -> Iterator[Member]:
     """The same members, read ahead by a thread (see PREFETCH_BYTES). Each member's stream is
     valid until the next member is asked for; errors arrive where they happened."""
-    ahead = _Ahead()
+    ahead = BytesQueue(PREFETCH_BYTES)
 
     def run() -> None:
         try:
@@ -492,7 +462,7 @@ def read_ahead(members: Iterator[Member]) -> Iterator[Member]:
                         if not ahead.put(("end", None)):
                             return
                         break
-                    if not ahead.put(("piece", piece), len(piece)):
+                    if not ahead.put(("piece", piece), len(piece)):  # sized by its bytes
                         return
             ahead.put(("done", None))
         except BaseException as exc:  # the archive's own error, raised in the consumer

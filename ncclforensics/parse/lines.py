@@ -271,13 +271,14 @@ class LineScanner:
                 texts += w.lines[: w.n_own]
             elif isinstance(w, _TailWork):
                 texts += w.lines
-        strong, weak = self._select(texts)
+        strong, weak, weak_only = self._select(texts)
         at = 0
         for w in pending:
             if isinstance(w, _BlockWork):
                 n = min(w.n_own, len(w.lines))
                 idx = strong[bisect_left(strong, at) : bisect_left(strong, at + n)]
-                self._scan_block(w.lines, [i - at for i in idx], w.line0, w.ctx)
+                only = weak_only[bisect_left(weak_only, at) : bisect_left(weak_only, at + n)]
+                self._scan_block(w.lines, [i - at for i in idx], w.line0, w.ctx, {i - at for i in only})
                 at += n
             elif isinstance(w, _TailWork):
                 n = len(w.lines)
@@ -287,19 +288,21 @@ class LineScanner:
             else:
                 w()
 
-    def _select(self, texts: list[str]) -> tuple[list[int], list[int]]:
-        """Indices of the lines holding an anchor, weak literal or colour code, and of those
-        holding a weak literal."""
+    def _select(self, texts: list[str]) -> tuple[list[int], list[int], list[int]]:
+        """Indices of the lines holding an anchor, weak literal or colour code; of those holding a
+        weak literal; and of those holding a weak literal only."""
         if not texts:
-            return [], []
+            return [], [], []
         frame = pl.DataFrame({"b": texts}, schema={"b": pl.Utf8})
         strong = {f"s{i}": e for i, e in enumerate(self.block_exprs)}
         strong["ansi"] = pl.col("b").str.contains("\x1b", literal=True)
         weak = {f"w{i}": e for i, e in enumerate(self.weak_exprs)}
         res = frame.select(**strong, **weak)
         w_any = pl.any_horizontal(*weak) if weak else pl.lit(False)
-        both = res.select(any=pl.any_horizontal(*strong) | w_any, weak=w_any)
-        return both["any"].arg_true().to_list(), both["weak"].arg_true().to_list()
+        s_any = pl.any_horizontal(*strong)
+        both = res.select(any=s_any | w_any, weak=w_any, only=w_any & ~s_any)
+        return (both["any"].arg_true().to_list(), both["weak"].arg_true().to_list(),
+                both["only"].arg_true().to_list())
 
     def _finish_tail(self, tail: _TailWork, idx: list[int]) -> None:
         """Weak signatures (progress, side work) on the tail's selected lines: each rank's last news.
@@ -326,7 +329,8 @@ class LineScanner:
                     self._emit(tail.ctx, sig.source, sig.event, fields, env, line_at[i], clean)
 
     # -- line level --------------------------------------------------------------------
-    def _scan_block(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext) -> None:
+    def _scan_block(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext,
+                    weak_only: set[int] | frozenset[int] = frozenset()) -> None:
         """Signatures and blocks from the selected lines `idx` of a hit block's lines (which run on
         into the next block, for continuation lines)."""
         consumed_until = -1
@@ -347,7 +351,7 @@ class LineScanner:
             if i <= consumed_until:
                 continue
             raw = lines[i][:MAX_LINE]
-            if self._progress_only(raw):
+            if i in weak_only and self._progress_only(raw):
                 progress.append(i)
                 continue
             clean = ANSI.sub("", raw)
