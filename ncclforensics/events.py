@@ -538,6 +538,26 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
     return df.select(list(EVENT_SCHEMA)), year_source
 
 
+def _single_writer_files(df: pl.DataFrame) -> pl.DataFrame:
+    """A file that one process wrote (srun -o %t, a job's task-N/output.txt): every line that names
+    its rank names the same one, there is at most one local rank and one pid, and no launcher line
+    (a console of several workers has torchrun's). Its lines without a rank are that rank's."""
+    launcher = (pl.col("extra").str.contains('"agent": true').fill_null(False)
+                | pl.col("kind").cast(pl.Utf8).is_in(["child_failed", "worker_failed", "closing_signal"]))
+    one = (df.group_by("file")
+           .agg(pl.col("rank").drop_nulls().n_unique().alias("_nr"), pl.col("rank").drop_nulls().first().alias("_r1"),
+                pl.col("local_rank").drop_nulls().n_unique().alias("_nl"),
+                pl.col("pid").drop_nulls().n_unique().alias("_np"), launcher.any().alias("_launch"))
+           .filter((pl.col("_nr") == 1) & (pl.col("_nl") <= 1) & (pl.col("_np") <= 1) & ~pl.col("_launch"))
+           .select("file", "_r1"))
+    if one.is_empty():
+        return df
+    df = df.join(one, on="file", how="left", maintain_order="left")
+    own = pl.col("source") != "kernel"
+    return df.with_columns(pl.when(own).then(pl.coalesce("rank", "_r1")).otherwise(pl.col("rank"))
+                           .alias("rank")).drop("_r1")
+
+
 def _map_rank(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Fill `rank` from rows with the same `keys` that name exactly one rank."""
     known = (df.filter(pl.col("rank").is_not_null() & pl.all_horizontal(pl.col(k).is_not_null() for k in keys))
@@ -628,6 +648,7 @@ def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     df = _map_rank(df, ["_at", "pid"])
     # NCCL's world-communicator ranks (checked against the ranks known so far), then pids again
     df = _map_rank(_nccl_world_ranks(df), ["_at", "pid"]).drop("_at")
+    df = _single_writer_files(df)
     # and rank -> host, where some line of that rank named its host
     host_map = (df.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
                 .group_by("rank").agg(pl.col("host").mode().first().alias("_h")))

@@ -408,3 +408,49 @@ def test_restart_keeps_the_first_attempts_collective(tmp_path: Path):
     res = analyze_path(tmp_path / "run")
     c = res.diagnosis.verdict.collective
     assert (c.op_type, c.seq) == ("BARRIER", 72009), c
+
+
+def test_a_task_files_unprefixed_lines_are_its_ranks(tmp_path: Path):
+    """Per-task output files (logs/job-N/task-R/output.txt, one process each): rank 0's app logger
+    writes no rank prefix, its c10 lines do. Its last news is a checkpoint save while the others
+    time out in the barrier after it (FORMATS.md §3, §4 shapes): CK001 names rank 0."""
+    run = tmp_path / "run"
+    d0 = run / "logs" / "job-1234" / "task-0"
+    d0.mkdir(parents=True)
+    (d0 / "output.txt").write_text(
+        "09/08/2025 02:09:58 - train - INFO - step 12000 loss 1.912\n"
+        "09/08/2025 02:09:59 - train - INFO - saving checkpoint to /mnt/nfs/ckpt/run42/step_12000.pt\n"
+        "[rank0]:[E908 02:20:00.104118231 ProcessGroupNCCL.cpp:1598] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "Received a dump signal due to a collective timeout from  rank 3 and we will try our best to dump the "
+        "debug info. Last enqueued NCCL work: 3200, last completed NCCL work: 3200.This is most likely caused "
+        "by incorrect usages of collectives, e.g., wrong sizes used across ranks, the order of collectives is "
+        "not same for all ranks or the scheduled collective, for some reason, didn't run. Additionally, this "
+        "can be caused by GIL deadlock or other reasons such as network errors or bugs in the communications "
+        "library (e.g. NCCL), etc.\n")
+    for r in range(1, 4):
+        d = run / "logs" / "job-1234" / f"task-{r}"
+        d.mkdir(parents=True)
+        (d / "output.txt").write_text(
+            f"[rank{r}]:[E908 02:19:59.{r}00000000 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=3201, OpType=BARRIER, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=600000) ran for 600090 milliseconds before timing out.\n")
+    v = analyze_path(run).diagnosis.verdict
+    assert (v.root_cause, v.rule, v.culprit_ranks) == (RootCause.CHECKPOINT_SAVE, "CK001", [0])
+    assert (v.collective.op_type, v.collective.seq) == ("BARRIER", 3201)
+
+
+def test_a_console_of_several_workers_keeps_its_unprefixed_lines_rankless(tmp_path: Path):
+    """A torchrun console without --tee (launcher lines, workers' prints unprefixed) where only rank 1
+    printed a prefixed traceback: the other lines are not rank 1's."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "console.log").write_text(
+        "W1122 07:44:17.428000 873 torch/distributed/run.py:874] Setting OMP_NUM_THREADS environment "
+        "variable for each process to be 1 in default, to avoid your system being overloaded, please further "
+        "tune the variable for optimal performance in your application as needed. \n"
+        "saving checkpoint to /ckpt/step_5.pt\n"
+        "[rank1]: RuntimeError: boom\n"
+        "E1122 07:45:57.900000 873 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) "
+        "local_rank: 1 (pid: 880) of binary: /usr/bin/python3\n")
+    ev = analyze_path(tmp_path / "run").ingest.events
+    saves = ev.filter(pl.col("kind") == "ckpt_save")
+    assert saves.height == 1 and saves["rank"].to_list() == [None]

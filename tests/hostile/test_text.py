@@ -138,7 +138,7 @@ def test_markup_in_lines_hosts_and_file_names(tmp_path):
     assert by_seq[21]["file"] == fname and script in by_seq[21]["text"]
     assert by_seq[22]["file"] == f"{odd_dir}/rank0.log"
     assert "&amp; &lt;b&gt; {{7*7}} ${7*7}" in by_seq[22]["text"]
-    warn = [e for e in out.events if e["host"] == host]
+    warn = [e for e in out.events if e["host"] == host and e["kind"] == "nccl_warn"]
     assert warn and "<b onmouseover=alert(3)>gpu-q18</b>" in warn[0]["text"]
     # plain JSON text: the markup is neither escaped (&lt;, \\u003c) nor dropped
     for raw in (fname, script, host, "<b onmouseover=alert(3)>"):
