@@ -131,7 +131,7 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
     (polars, which releases the GIL) one chunk or file ahead; this thread does the tail check and
     the line-level Python work on the hits, in file order (the split that keeps both threads
     about equally busy), batched over many files (LineScanner.flush). Memory stays flat: at most
-    READ_AHEAD prepared chunks and the scanner's bounded queue wait.
+    READ_AHEAD_BYTES of prepared chunks, BATCH_BYTES of small files and the scanner's FLUSH_BYTES wait.
     """
     root = Path(path)
     result = IngestResult(run=run_name(root), events=pl.DataFrame(schema=EVENT_SCHEMA))

@@ -136,9 +136,9 @@ class LineScanner:
         self._pending_lines = 0
         self._pending_bytes = 0
 
-    # Each scan has two steps: prepare_* (bytes and polars prefilters, no FileContext: any thread may
-    # run it; events.build_events runs prepare_chunk in its reader thread, ahead of the scanner) and
-    # finish_* (Python, line by line, on the FileContext).
+    # Each scan has two steps: prepare_chunk(s) (bytes and the polars block prefilter, no FileContext:
+    # any thread may run it; events.build_events runs it in its reader thread, ahead of the scanner)
+    # and add_* + flush (line selection and the Python work on the FileContext, batched).
 
     def scan_chunk(self, data: bytes, first_line: int, ctx: FileContext) -> int:
         """Scan one byte chunk now; returns the number of newlines in it."""

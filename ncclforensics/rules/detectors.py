@@ -495,8 +495,9 @@ _AGENT_KINDS = frozenset({"child_failed", "worker_failed", "closing_signal"})
 @detector
 def gpu_fault(ctx: Context, fatal_xids: list[int] | None = None) -> list[Hit]:
     fatal = set(fatal_xids or [])
-    xids = _current_kernel_rows(ctx, [r for r in ctx.rows("xid") if r["code"] in fatal])
-    lost = _current_kernel_rows(ctx, ctx.rows("gpu_lost"))
+    current = _current_kernel_rows(ctx, [r for r in ctx.rows("xid") if r["code"] in fatal] + ctx.rows("gpu_lost"))
+    xids = [r for r in current if r["kind"] == "xid"]
+    lost = [r for r in current if r["kind"] == "gpu_lost"]
     cuda = [r for r in ctx.rows("cuda_error", "watchdog_exception") if _HW_CUDA.search(r.get("detail") or "")]
     rows = xids + lost + cuda
     if not rows:
@@ -541,12 +542,12 @@ def _current_kernel_rows(ctx: Context, rows: list[dict]) -> list[dict]:
     timeouts = [r["timeout_ms"] for r in ctx.rows("watchdog_timeout") if r.get("timeout_ms")]
     margin = dt.timedelta(seconds=max(STALE_KERNEL_S, 2 * max(timeouts, default=0) / 1000))
     start = min(own)
-    stale = [r for r in rows if r["ts"] is not None and r["ts"] < start - margin]
-    for r in stale[:3]:
+    current = [r for r in rows if r["ts"] is None or r["ts"] >= start - margin]
+    for r in [r for r in rows if r["ts"] is not None and r["ts"] < start - margin][:3]:
         ctx.notes.append(f"{r['file']}:{r['line']}: a GPU fault at {r['ts']:%Y-%m-%d %H:%M} is "
                          f"{(start - r['ts']).total_seconds() / 3600:.0f} h older than the run's first "
                          "line; left out as an earlier job's")
-    return [r for r in rows if r not in stale]
+    return current
 
 
 _NET_RUNTIME = re.compile(
