@@ -22,6 +22,7 @@ from ncclforensics.model import EVENT_SCHEMA, TEXT_LIMIT, Skipped
 from ncclforensics.parse import blocks, flight_recorder
 from ncclforensics.parse.lines import TAIL_CHARS, FileContext, LineScanner
 from ncclforensics.parse.signatures import load_signatures
+from ncclforensics.vocabulary import vocabulary
 
 MAX_JSON_BYTES = 64 << 20
 # Files beside the logs in a run folder that are not logs: scripts, configs, notes, tensors, images.
@@ -534,6 +535,7 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
                                          maintain_order=True)])
     df = _fill_ranks(df)
     df = df.sort(["ts", "rank", "file", "line"], nulls_last=True, maintain_order=True)
+    df = vocabulary().annotate(df)
     df = df.with_columns(pl.col("source").cast(EVENT_SCHEMA["source"]), pl.col("kind").cast(pl.Categorical()))
     return df.select(list(EVENT_SCHEMA)), year_source
 

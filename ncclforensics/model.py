@@ -39,7 +39,14 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "detail": pl.Utf8,
     "extra": pl.Utf8,
     "text": pl.Utf8,
+    # what the row is evidence of, from its signature file (ncclforensics.vocabulary, DESIGN.md §3):
+    # derived when the table is built, never emitted by a parser
+    "class": pl.Utf8,
+    "role": pl.Utf8,
+    "strength": pl.Int8,
+    "phase": pl.Utf8,
 }
+MEANING_COLUMNS = ("class", "role", "strength", "phase")
 
 INT_COLUMNS = frozenset(
     c for c, t in EVENT_SCHEMA.items() if t in (pl.Int32, pl.Int64, pl.UInt32)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ncclforensics.ingest.envelope import ANSI, Envelope, peel, peel_all
-from ncclforensics.model import EVENT_SCHEMA, TEXT_LIMIT
+from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, TEXT_LIMIT
 from ncclforensics.parse import blocks
 from ncclforensics.parse.signatures import SignatureSet
 
@@ -112,7 +112,8 @@ class _TailWork:
 
 
 def _column_value(name: str, value: object) -> bool:
-    return name in EVENT_SCHEMA and name not in ("file", "line", "text", "source", "kind", "run", "extra")
+    return name in EVENT_SCHEMA and name not in ("file", "line", "text", "source", "kind", "run", "extra",
+                                                 *MEANING_COLUMNS)
 
 
 class LineScanner:

@@ -34,6 +34,12 @@ SIGNALS = {
 }
 
 
+# keys a signature file may have; `meaning` is read by ncclforensics.vocabulary
+_KEYS = frozenset({"event", "source", "description", "prefilter", "no_match", "fields", "variants", "match",
+                   "set", "weak", "meaning", "carrier", "launcher",
+                   "rank_fields", "culprit_fields"})
+
+
 class SignatureError(Exception):
     """A signature file is malformed (a bug in patterns/, caught by the tests)."""
 
@@ -106,12 +112,18 @@ def convert(kind: str, raw: str) -> object | None:
     return raw
 
 
-def _load_one(path: Path) -> Signature:
+def _load_one(path: Path) -> Signature | None:
+    """The line signature a file declares, or None for a kind a block parser emits (`parser = …`)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SignatureError(f"{path}: {exc}") from None
     rel = path.relative_to(SIGNATURES_DIR).as_posix()
+    if "parser" in data:
+        return None
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise SignatureError(f"{rel}: unknown key(s) {sorted(unknown)}")
     for key in ("event", "source", "prefilter", "variants"):
         if key not in data:
             raise SignatureError(f"{rel}: missing key {key!r}")
@@ -247,7 +259,7 @@ def choose_anchors(literals: list[str], noise: list[str]) -> list[str]:
 
 @functools.cache
 def load_signatures(root: Path = SIGNATURES_DIR) -> SignatureSet:
-    sigs = [_load_one(p) for p in sorted(root.rglob("*.toml"))]
+    sigs = [s for p in sorted(root.rglob("*.toml")) if (s := _load_one(p)) is not None]
     return SignatureSet(sigs)
 
 

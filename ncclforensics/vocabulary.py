@@ -1,0 +1,301 @@
+"""The event vocabulary: what each event kind is evidence of, as declared in its signature file.
+
+Every file under patterns/signatures declares its kind's meaning (DESIGN.md §3) in `[[meaning]]`
+entries; the first entry whose `when` holds for a row gives that row's meaning:
+
+    [[meaning]]
+    when = { code = [48, 79] }   # optional: field -> allowed values, or field -> regex (search)
+    class = "gpu_hardware"       # what it is evidence of (for symptoms: the class the shape suggests)
+    role = "cause"               # cause | symptom | context | progress
+    strength = "decisive"        # causes only: decisive | strong | weak
+    phase = "init"               # optional: init | runtime (when the failure happened)
+
+This module is the one place that answers "is this kind a cause of X?": no other module keeps its
+own set of kinds. `annotate` writes each row's meaning into the event table (columns `class`,
+`role`, `strength`, `phase`), so rules read meanings as data.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from pathlib import Path
+
+import polars as pl
+import regex
+
+from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, json_object
+from ncclforensics.parse.signatures import SIGNATURES_DIR
+
+_MEANING_TYPES = {c: EVENT_SCHEMA[c] for c in MEANING_COLUMNS}
+# columns a `when` may test directly; any other key is a typed field kept in the `extra` JSON
+_COLUMN_KEYS = frozenset({"code", "detail", "text", "op", "seq", "source", "pg", "rank", "timeout_ms"})
+_PHASES = ("init", "runtime")
+
+
+class VocabularyError(Exception):
+    """A signature file declares no meaning or a malformed one, or code names an undeclared kind."""
+
+
+class EvidenceRole(StrEnum):
+    CAUSE = "cause"
+    SYMPTOM = "symptom"
+    CONTEXT = "context"
+    PROGRESS = "progress"
+
+
+class Strength(IntEnum):
+    WEAK = 1
+    STRONG = 2
+    DECISIVE = 3
+
+
+@dataclass(frozen=True)
+class Meaning:
+    role: EvidenceRole
+    cls: RootCause | None = None
+    strength: Strength | None = None
+    phase: str | None = None
+    when: tuple[tuple[str, object], ...] = ()  # (field, list of values | regex string)
+
+    @property
+    def label(self) -> str:
+        parts = [self.role.value]
+        if self.cls:
+            parts.append(self.cls.value)
+        if self.strength:
+            parts.append(self.strength.name.lower())
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    kind: str
+    source: str
+    path: str
+    meanings: tuple[Meaning, ...]
+    description: str = ""
+    parser: str | None = None  # the block parser that emits the kind, for kinds no line regex makes
+    carrier: bool = False  # its text carries other events: a specific event on the same line gives the meaning
+    launcher: bool = False  # a launcher's line about a worker (an exit report), not the worker's own
+    rank_fields: tuple[str, ...] = ()  # fields holding ranks the text names (they count as seen)
+    culprit_fields: tuple[str, ...] = ()  # fields holding ranks the text names as the culprits
+
+    def meaning_of(self, row: dict) -> Meaning:
+        """The meaning of one row (a dict of event-table columns)."""
+        extra = _extra(row)
+        for m in self.meanings:
+            if all(_holds(row, extra, key, want) for key, want in m.when):
+                return m
+        return self.meanings[-1]
+
+    def can_be(self, *, role: EvidenceRole | None = None, cls: RootCause | None = None) -> bool:
+        return any((role is None or m.role is role) and (cls is None or m.cls is cls) for m in self.meanings)
+
+
+def _extra(row: dict) -> dict:
+    return json_object(row.get("extra"))
+
+
+def _holds(row: dict, extra: dict, key: str, want: object) -> bool:
+    value = row.get(key) if key in _COLUMN_KEYS else extra.get(key)
+    if isinstance(want, str):
+        return value is not None and regex.search(want, str(value)) is not None
+    if isinstance(value, list):
+        return any(v in want for v in value)
+    return value in want
+
+
+def _parse_meaning(rel: str, entry: dict) -> Meaning:
+    unknown = set(entry) - {"when", "class", "role", "strength", "phase"}
+    if unknown:
+        raise VocabularyError(f"{rel}: unknown meaning key(s) {sorted(unknown)}")
+    try:
+        role = EvidenceRole(entry["role"])
+    except (KeyError, ValueError):
+        raise VocabularyError(f"{rel}: meaning needs a role ({', '.join(r.value for r in EvidenceRole)})") from None
+    cls = None
+    if "class" in entry:
+        try:
+            cls = RootCause(entry["class"])
+        except ValueError:
+            raise VocabularyError(f"{rel}: unknown class {entry['class']!r}") from None
+    strength = None
+    if "strength" in entry:
+        try:
+            strength = Strength[str(entry["strength"]).upper()]
+        except KeyError:
+            raise VocabularyError(f"{rel}: strength must be decisive, strong or weak") from None
+    if role is EvidenceRole.CAUSE and (cls is None or strength is None):
+        raise VocabularyError(f"{rel}: a cause needs a class and a strength")
+    if role is not EvidenceRole.CAUSE and strength is not None:
+        raise VocabularyError(f"{rel}: only causes have a strength")
+    phase = entry.get("phase")
+    if phase is not None and phase not in _PHASES:
+        raise VocabularyError(f"{rel}: phase must be one of {_PHASES}")
+    when = entry.get("when", {})
+    if not isinstance(when, dict):
+        raise VocabularyError(f"{rel}: `when` must be a table")
+    conds = []
+    for key, want in when.items():
+        if isinstance(want, str):
+            try:
+                regex.compile(want)
+            except regex.error as exc:
+                raise VocabularyError(f"{rel}: when.{key}: {exc}") from None
+        elif not isinstance(want, list):
+            raise VocabularyError(f"{rel}: when.{key} must be a list of values or a regex string")
+        conds.append((key, want))
+    return Meaning(role=role, cls=cls, strength=strength, phase=phase, when=tuple(conds))
+
+
+def _load_spec(path: Path, root: Path) -> KindSpec:
+    rel = path.relative_to(root).as_posix()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise VocabularyError(f"{rel}: {exc}") from None
+    entries = data.get("meaning")
+    if not entries:
+        raise VocabularyError(f"{rel}: no [[meaning]]: say what the event is evidence of (DESIGN.md §3)")
+    if isinstance(entries, dict):
+        entries = [entries]
+    meanings = tuple(_parse_meaning(rel, e) for e in entries)
+    if meanings[-1].when:
+        raise VocabularyError(f"{rel}: the last [[meaning]] must have no `when` (the default)")
+    return KindSpec(kind=data.get("event", path.stem), source=data.get("source", path.parent.name), path=rel,
+                    meanings=meanings, description=data.get("description", ""), parser=data.get("parser"),
+                    carrier=bool(data.get("carrier", False)), launcher=bool(data.get("launcher", False)),
+                    rank_fields=tuple(data.get("rank_fields", ())),
+                    culprit_fields=tuple(data.get("culprit_fields", ())))
+
+
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    specs: dict[str, KindSpec]
+
+    def spec(self, kind: str) -> KindSpec:
+        try:
+            return self.specs[kind]
+        except KeyError:
+            raise VocabularyError(f"event kind {kind!r} is declared by no signature file") from None
+
+    def check(self, *kinds: str) -> tuple[str, ...]:
+        """`kinds`, after checking that each is declared (code that names a kind calls this)."""
+        for k in kinds:
+            self.spec(k)
+        return kinds
+
+    def kinds(self, *, role: EvidenceRole | None = None, cls: RootCause | None = None) -> frozenset[str]:
+        """Kinds that can carry this meaning (under some `when`)."""
+        return frozenset(k for k, s in self.specs.items() if s.can_be(role=role, cls=cls))
+
+    def meaning_of(self, row: dict) -> Meaning:
+        return self.spec(row["kind"]).meaning_of(row)
+
+    @functools.cached_property
+    def _naming(self) -> frozenset[str]:
+        return frozenset(k for k, s in self.specs.items() if s.rank_fields or s.culprit_fields)
+
+    def kinds_naming_ranks(self) -> frozenset[str]:
+        """Kinds whose text names ranks (fingerprints, duplicate GPUs, desync reports …)."""
+        return self._naming
+
+    @functools.cached_property
+    def _launcher(self) -> frozenset[str]:
+        return frozenset(k for k, s in self.specs.items() if s.launcher)
+
+    def kinds_from_launcher(self) -> frozenset[str]:
+        """Kinds a launcher writes about a worker (exit reports), not the worker itself."""
+        return self._launcher
+
+    def annotate(self, events: pl.DataFrame) -> pl.DataFrame:
+        """The event table with each row's meaning in `class`, `role`, `strength`, `phase`."""
+        events = events.drop([c for c in MEANING_COLUMNS if c in events.columns])
+        kinds = events["kind"].cast(pl.Utf8).unique().drop_nulls().to_list() if events.height else []
+        plain = [self.specs[k] for k in kinds if k in self.specs and len(self.specs[k].meanings) == 1]
+        table = pl.DataFrame(
+            {"_k": [s.kind for s in plain],
+             "class": [s.meanings[0].cls.value if s.meanings[0].cls else None for s in plain],
+             "role": [s.meanings[0].role.value for s in plain],
+             "strength": [int(s.meanings[0].strength) if s.meanings[0].strength else None for s in plain],
+             "phase": [s.meanings[0].phase for s in plain]},
+            schema={"_k": pl.Utf8, **_MEANING_TYPES})
+        out = (events.with_columns(pl.col("kind").cast(pl.Utf8).alias("_k"))
+               .join(table, on="_k", how="left", maintain_order="left"))
+        cond_specs = [self.specs[k] for k in kinds if k in self.specs and len(self.specs[k].meanings) > 1]
+        if cond_specs:
+            exprs: dict[str, pl.Expr | None] = {c: None for c in MEANING_COLUMNS}
+            for s in cond_specs:
+                for m in s.meanings:
+                    cond = pl.col("_k") == s.kind
+                    for key, want in m.when:
+                        cond = cond & _condition(key, want)
+                    values = {"class": m.cls.value if m.cls else None, "role": m.role.value,
+                              "strength": int(m.strength) if m.strength else None, "phase": m.phase}
+                    for c, v in values.items():
+                        lit = pl.lit(v, dtype=_MEANING_TYPES[c])
+                        exprs[c] = pl.when(cond).then(lit) if exprs[c] is None else exprs[c].when(cond).then(lit)
+            out = out.with_columns(**{c: e.otherwise(pl.col(c)) for c, e in exprs.items()})
+        undeclared = out.filter(pl.col("role").is_null())["_k"].unique().to_list()
+        if undeclared:
+            raise VocabularyError(f"event kind(s) {sorted(undeclared)} declared by no signature file")
+        return self._carriers_yield(out).drop("_k")
+
+    def _carriers_yield(self, out: pl.DataFrame) -> pl.DataFrame:
+        """A carrier row (a traceback's exception, an error.json message) whose line also yields a
+        specific cause or symptom takes no meaning of its own: the specific event has it."""
+        carriers = [k for k, s in self.specs.items() if s.carrier]
+        is_carrier = pl.col("_k").is_in(carriers)
+        specific = (out.filter(~is_carrier & pl.col("role").is_in(["cause", "symptom"]))
+                    .select("file", "line").unique().with_columns(pl.lit(True).alias("_specific")))
+        if specific.is_empty():
+            return out
+        out = out.join(specific, on=["file", "line"], how="left", maintain_order="left")
+        yielded = is_carrier & pl.col("_specific").fill_null(False)
+        return out.with_columns(
+            pl.when(yielded).then(pl.lit("context")).otherwise(pl.col("role")).alias("role"),
+            pl.when(yielded).then(pl.lit(None, dtype=pl.Int8)).otherwise(pl.col("strength")).alias("strength"),
+        ).drop("_specific")
+
+
+def _condition(key: str, want: object) -> pl.Expr:
+    if key in _COLUMN_KEYS:
+        col = pl.col(key)
+    else:
+        col = pl.col("extra").str.json_path_match(f"$.{key}")
+    if isinstance(want, str):
+        return col.cast(pl.Utf8).str.contains(want).fill_null(False)
+    if key in _COLUMN_KEYS and key not in ("detail", "text", "op", "source", "pg"):
+        return col.is_in([v for v in want if isinstance(v, int)]).fill_null(False)
+    # extra values come out of JSON as text: compare as text (lists match if any element does)
+    texts = [str(v).lower() if isinstance(v, bool) else str(v) for v in want]
+    scalar = col.cast(pl.Utf8)
+    listed = col.str.json_decode(pl.List(pl.Utf8)) if key not in _COLUMN_KEYS else None
+    expr = scalar.is_in(texts).fill_null(False)
+    if listed is not None:
+        expr = expr | (scalar.str.starts_with("[") & scalar.str.contains(
+            "|".join(rf"(?:\[|, ?){_re_escape(t)}(?:\]|,)" for t in texts) or "$^").fill_null(False))
+    return expr
+
+
+def _re_escape(text: str) -> str:
+    return re.escape(text)
+
+
+@functools.cache
+def load_vocabulary(root: Path = SIGNATURES_DIR) -> Vocabulary:
+    specs: dict[str, KindSpec] = {}
+    for path in sorted(root.rglob("*.toml")):
+        spec = _load_spec(path, root)
+        if spec.kind in specs:
+            raise VocabularyError(f"{spec.path}: event {spec.kind!r} is declared twice (also {specs[spec.kind].path})")
+        specs[spec.kind] = spec
+    return Vocabulary(specs)
+
+
+def vocabulary() -> Vocabulary:
+    return load_vocabulary()
