@@ -40,7 +40,9 @@ def no_input_message(path: Path, res: IngestResult) -> str:
 
 def analyze_events(res: IngestResult) -> Analysis:
     ctx = Context.build(res.events)
-    findings = engine.evaluate(ctx)
+    evaluation = engine.evaluate(ctx)
+    ctx.notes.extend(evaluation.notes)
+    findings = evaluation.findings
     root = engine.order(findings)
     if root is None:
         root = engine.unknown_finding(ctx)

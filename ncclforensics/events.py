@@ -17,10 +17,10 @@ from ncclforensics.bounded import BytesQueue
 from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.discover import Source, iter_sources, run_name
-from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+from ncclforensics.ingest.envelope import UNKNOWN_YEAR, peel
 from ncclforensics.model import EVENT_SCHEMA, TEXT_LIMIT, Skipped
 from ncclforensics.parse import blocks, flight_recorder
-from ncclforensics.parse.lines import TAIL_CHARS, FileContext, LineScanner
+from ncclforensics.parse.lines import MAX_LINE, TAIL_CHARS, FileContext, LineScanner, emit_row
 from ncclforensics.parse.signatures import load_signatures
 from ncclforensics.vocabulary import vocabulary
 
@@ -464,13 +464,25 @@ def _read_json(data: bytes, ctx: FileContext) -> bool | str:
         lines = stack.splitlines()
         blk, _ = blocks.parse_traceback(lambda k: lines[k] if k < len(lines) else None, 0)
         if blk is not None:
-            extra["frames"] = blk.extra.get("frames")
+            for key in ("frames", "stack", "exc_type"):
+                extra[key] = blk.extra.get(key)
             op = blk.fields.get("op")
     ctx.rows.append(_valid_text({
         "file": ctx.name, "line": 1, "ts": ts, "rank": ctx.rank, "local_rank": ctx.local_rank,
         "host": ctx.host, "node": ctx.node, "source": "torchrun", "kind": "error_file", "op": op,
         "detail": text[:TEXT_LIMIT], "extra": json.dumps(extra, default=str), "text": text[:TEXT_LIMIT],
     }))
+    # the message is a log line too: the line signatures say what it means (a gloo timeout, a CUDA
+    # OOM …), and the error_file row, a carrier, yields to them (patterns/signatures/torchrun/error_file.toml)
+    for body in text.splitlines()[:50]:
+        env = peel(body[:MAX_LINE])
+        for sig, fields in load_signatures().match_all(env.body):
+            before = len(ctx.rows)
+            emit_row(ctx, sig.source, sig.event, fields, env, 1, body)
+            for row in ctx.rows[before:]:
+                if row.get("ts") is None:
+                    row["ts"] = ts
+                _valid_text(row)
     return True
 
 
@@ -540,17 +552,27 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
     return df.select(list(EVENT_SCHEMA)), year_source
 
 
+# A path naming one process (Slurm `-o %t` task files, `rank3.log`, `worker-3.err`: FORMATS.md §2.2)
+_PER_PROCESS = re.compile(r"(?:^|[/_.\-])(?:task|worker|proc|rank)[_\-]?\d+(?:[/_.\-]|$)", re.I)
+
+
 def _single_writer_files(df: pl.DataFrame) -> pl.DataFrame:
     """A file that one process wrote (srun -o %t, a job's task-N/output.txt): every line that names
     its rank names the same one, there is at most one local rank and one pid, and no launcher line
-    (a console of several workers has torchrun's). Its lines without a rank are that rank's."""
+    (a console of several workers has torchrun's). Its lines without a rank are that rank's.
+
+    One rank-bearing line in a console is not enough: a pasted excerpt often shows one rank's error
+    beside the main process's unprefixed lines (MISSES G18). The file must name one process in its
+    path, or carry that rank on two or more lines."""
     launcher = (pl.col("extra").str.contains('"agent": true').fill_null(False)
-                | pl.col("kind").cast(pl.Utf8).is_in(["child_failed", "worker_failed", "closing_signal"]))
+                | pl.col("kind").cast(pl.Utf8).is_in(list(vocabulary().kinds_from_launcher())))
     one = (df.group_by("file")
            .agg(pl.col("rank").drop_nulls().n_unique().alias("_nr"), pl.col("rank").drop_nulls().first().alias("_r1"),
+                pl.col("line").filter(pl.col("rank").is_not_null()).n_unique().alias("_lines"),
                 pl.col("local_rank").drop_nulls().n_unique().alias("_nl"),
                 pl.col("pid").drop_nulls().n_unique().alias("_np"), launcher.any().alias("_launch"))
-           .filter((pl.col("_nr") == 1) & (pl.col("_nl") <= 1) & (pl.col("_np") <= 1) & ~pl.col("_launch"))
+           .filter((pl.col("_nr") == 1) & (pl.col("_nl") <= 1) & (pl.col("_np") <= 1) & ~pl.col("_launch")
+                   & ((pl.col("_lines") >= 2) | pl.col("file").str.contains(_PER_PROCESS.pattern)))
            .select("file", "_r1"))
     if one.is_empty():
         return df

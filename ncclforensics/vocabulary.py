@@ -17,6 +17,7 @@ own set of kinds. `annotate` writes each row's meaning into the event table (col
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import tomllib
@@ -83,6 +84,8 @@ class KindSpec:
     launcher: bool = False  # a launcher's line about a worker (an exit report), not the worker's own
     rank_fields: tuple[str, ...] = ()  # fields holding ranks the text names (they count as seen)
     culprit_fields: tuple[str, ...] = ()  # fields holding ranks the text names as the culprits
+    yields_to: tuple[str, ...] = ()  # a carrier is context where one of these kinds is on the same line
+    same_meaning_as: str | None = None  # another kind whose [[meaning]] list this one shares
 
     def meaning_of(self, row: dict) -> Meaning:
         """The meaning of one row (a dict of event-table columns)."""
@@ -159,6 +162,8 @@ def _load_spec(path: Path, root: Path) -> KindSpec:
     except tomllib.TOMLDecodeError as exc:
         raise VocabularyError(f"{rel}: {exc}") from None
     entries = data.get("meaning")
+    if not entries and data.get("same_meaning_as"):
+        entries = [{"role": "context"}]  # replaced by the named kind's meanings once all are loaded
     if not entries:
         raise VocabularyError(f"{rel}: no [[meaning]]: say what the event is evidence of (DESIGN.md §3)")
     if isinstance(entries, dict):
@@ -170,7 +175,8 @@ def _load_spec(path: Path, root: Path) -> KindSpec:
                     meanings=meanings, description=data.get("description", ""), parser=data.get("parser"),
                     carrier=bool(data.get("carrier", False)), launcher=bool(data.get("launcher", False)),
                     rank_fields=tuple(data.get("rank_fields", ())),
-                    culprit_fields=tuple(data.get("culprit_fields", ())))
+                    culprit_fields=tuple(data.get("culprit_fields", ())), yields_to=tuple(data.get("yields_to", ())),
+                    same_meaning_as=data.get("same_meaning_as"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,42 +230,54 @@ class Vocabulary:
              "strength": [int(s.meanings[0].strength) if s.meanings[0].strength else None for s in plain],
              "phase": [s.meanings[0].phase for s in plain]},
             schema={"_k": pl.Utf8, **_MEANING_TYPES})
-        out = (events.with_columns(pl.col("kind").cast(pl.Utf8).alias("_k"))
+        out = (events.with_columns(pl.col("kind").cast(pl.Utf8).alias("_k"), pl.lit(True).alias("_default"))
                .join(table, on="_k", how="left", maintain_order="left"))
         cond_specs = [self.specs[k] for k in kinds if k in self.specs and len(self.specs[k].meanings) > 1]
         if cond_specs:
-            exprs: dict[str, pl.Expr | None] = {c: None for c in MEANING_COLUMNS}
+            types = {**_MEANING_TYPES, "_default": pl.Boolean}
+            exprs: dict[str, pl.Expr | None] = dict.fromkeys(types)
             for s in cond_specs:
                 for m in s.meanings:
                     cond = pl.col("_k") == s.kind
                     for key, want in m.when:
                         cond = cond & _condition(key, want)
                     values = {"class": m.cls.value if m.cls else None, "role": m.role.value,
-                              "strength": int(m.strength) if m.strength else None, "phase": m.phase}
+                              "strength": int(m.strength) if m.strength else None, "phase": m.phase,
+                              "_default": not m.when}
                     for c, v in values.items():
-                        lit = pl.lit(v, dtype=_MEANING_TYPES[c])
+                        lit = pl.lit(v, dtype=types[c])
                         exprs[c] = pl.when(cond).then(lit) if exprs[c] is None else exprs[c].when(cond).then(lit)
             out = out.with_columns(**{c: e.otherwise(pl.col(c)) for c, e in exprs.items()})
         undeclared = out.filter(pl.col("role").is_null())["_k"].unique().to_list()
         if undeclared:
             raise VocabularyError(f"event kind(s) {sorted(undeclared)} declared by no signature file")
-        return self._carriers_yield(out).drop("_k")
+        return self._carriers_yield(out).drop("_k", "_default")
 
     def _carriers_yield(self, out: pl.DataFrame) -> pl.DataFrame:
         """A carrier row (a traceback's exception, an error.json message) whose line also yields a
-        specific cause or symptom takes no meaning of its own: the specific event has it."""
+        specific event (an NCCL error, a CUDA OOM, a DataLoader death …) takes no meaning of its own:
+        the specific event has it."""
         carriers = [k for k, s in self.specs.items() if s.carrier]
-        is_carrier = pl.col("_k").is_in(carriers)
-        specific = (out.filter(~is_carrier & pl.col("role").is_in(["cause", "symptom"]))
+        # a carrier whose own text gave a specific meaning (a `when` held: a save on its stack, …) keeps it
+        is_carrier = pl.col("_k").is_in(carriers) & pl.col("_default")
+        # any other event of that line but an application's loose wording (a step, a save) is specific
+        specific = (out.filter(~pl.col("_k").is_in(carriers) & ((pl.col("source").cast(pl.Utf8) != "app")
+                                              | pl.col("role").is_in(["cause", "symptom"])))
                     .select("file", "line").unique().with_columns(pl.lit(True).alias("_specific")))
-        if specific.is_empty():
-            return out
         out = out.join(specific, on=["file", "line"], how="left", maintain_order="left")
         yielded = is_carrier & pl.col("_specific").fill_null(False)
+        for s in self.specs.values():
+            if s.carrier and s.yields_to:
+                over = (out.filter(pl.col("_k").is_in(list(s.yields_to))).select("file", "line").unique()
+                        .with_columns(pl.lit(True).alias("_over")))
+                out = out.join(over, on=["file", "line"], how="left", maintain_order="left")
+                yielded = yielded | ((pl.col("_k") == s.kind) & pl.col("_over").fill_null(False))
+                out = out.with_columns(yielded.alias("_y")).drop("_over")
+                yielded = pl.col("_y")
         return out.with_columns(
             pl.when(yielded).then(pl.lit("context")).otherwise(pl.col("role")).alias("role"),
             pl.when(yielded).then(pl.lit(None, dtype=pl.Int8)).otherwise(pl.col("strength")).alias("strength"),
-        ).drop("_specific")
+        ).drop([c for c in ("_specific", "_y") if c in out.columns])
 
 
 def _condition(key: str, want: object) -> pl.Expr:
@@ -294,6 +312,13 @@ def load_vocabulary(root: Path = SIGNATURES_DIR) -> Vocabulary:
         if spec.kind in specs:
             raise VocabularyError(f"{spec.path}: event {spec.kind!r} is declared twice (also {specs[spec.kind].path})")
         specs[spec.kind] = spec
+    for kind, spec in list(specs.items()):
+        if spec.same_meaning_as:
+            other = specs.get(spec.same_meaning_as)
+            if other is None or other.same_meaning_as:
+                raise VocabularyError(f"{spec.path}: same_meaning_as names {spec.same_meaning_as!r}, "
+                                      "which declares no meanings of its own")
+            specs[kind] = dataclasses.replace(spec, meanings=other.meanings)
     return Vocabulary(specs)
 
 

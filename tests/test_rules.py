@@ -67,11 +67,7 @@ def run_rule(rule_id: str, logs: dict[str, str], tmp_path: Path):
         p.write_text(text if text.endswith("\n") else text + "\n")
     ctx = Context.build(build_events(tmp_path).events)
     rule = next(r for r in RULES if r.id == rule_id)
-    found = []
-    for m in rule.matches:
-        for hit in DETECTORS[m.detector](ctx, **m.params):
-            found.append(engine.finding_of(rule, hit, ctx))
-    return found
+    return engine.run_rule(rule, ctx)[0]
 
 
 @pytest.mark.parametrize(("rule_id", "case"), list(_cases()))

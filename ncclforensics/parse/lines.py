@@ -451,52 +451,7 @@ class LineScanner:
     # -- rows --------------------------------------------------------------------------
     def _emit(self, ctx: FileContext, source: str, kind: str, fields: dict, env: Envelope,
               line_no: int, text: str) -> None:
-        row: dict = {"file": ctx.name, "line": line_no, "source": source, "kind": kind,
-                     "text": text[:TEXT_LIMIT]}
-        extra = {}
-        for k, v in fields.items():
-            if _column_value(k, v):
-                row[k] = v
-            else:
-                extra[k] = v
-        if env.task is not None:
-            extra["srun_task"] = env.task
-        if env.world is not None:
-            extra["world_size"] = env.world
-        if env.uptime is not None:
-            extra["uptime"] = env.uptime
-        if env.nccl_dev is not None:
-            extra["cuda_dev"] = env.nccl_dev
-        if env.agent:
-            extra["agent"] = True
-        if ctx.attempt is not None:
-            extra["attempt"] = ctx.attempt
-        if extra:
-            row["extra"] = json.dumps(extra, default=str)
-        row.setdefault("ts", env.ts)
-        if row.get("rank") is None:
-            row["rank"] = env.rank if env.rank is not None else (None if env.agent else ctx.rank)
-        if row.get("local_rank") is None and not env.agent:
-            row["local_rank"] = env.local_rank if env.local_rank is not None else ctx.local_rank
-        if row.get("host") is None:
-            row["host"] = env.host or ctx.host
-        if row.get("pid") is None and not env.agent:
-            row["pid"] = env.pid
-        if row.get("rank") is None and row.get("group_rank") is not None and row.get("pg") in (None, "0", "default_pg"):
-            row["rank"] = row["group_rank"]
-        row["node"] = ctx.node
-        key = (line_no, kind, row.get("rank"))
-        if key in ctx.seen:
-            return  # the file's tail is scanned again for weak signatures
-        ctx.seen.add(key)
-        if kind == "step_progress":
-            mine = ctx.progress.setdefault(row.get("rank"), [])  # per rank: consoles interleave them
-            mine.append(row)
-            if len(mine) > KEEP_PROGRESS:
-                mine.sort(key=lambda r: r["line"])
-                del mine[0]
-            return
-        ctx.rows.append(row)
+        emit_row(ctx, source, kind, fields, env, line_no, text)
 
     def _emit_block(self, ctx: FileContext, blk: blocks.Block, env: Envelope, line_no: int,
                     text: str) -> None:
@@ -506,6 +461,58 @@ class LineScanner:
         fields.update(blk.extra)
         source = "torchrun" if blk.kind == "child_failed" else "python"
         self._emit(ctx, source, blk.kind, fields, env, line_no, text)
+
+
+def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelope, line_no: int,
+         text: str) -> None:
+    """Add one event row to the file's rows: typed fields into their columns (the rest into `extra`),
+    rank/host/pid/time from the envelope, else from the path; each (line, kind, rank) once."""
+    row: dict = {"file": ctx.name, "line": line_no, "source": source, "kind": kind,
+                 "text": text[:TEXT_LIMIT]}
+    extra = {}
+    for k, v in fields.items():
+        if _column_value(k, v):
+            row[k] = v
+        else:
+            extra[k] = v
+    if env.task is not None:
+        extra["srun_task"] = env.task
+    if env.world is not None:
+        extra["world_size"] = env.world
+    if env.uptime is not None:
+        extra["uptime"] = env.uptime
+    if env.nccl_dev is not None:
+        extra["cuda_dev"] = env.nccl_dev
+    if env.agent:
+        extra["agent"] = True
+    if ctx.attempt is not None:
+        extra["attempt"] = ctx.attempt
+    if extra:
+        row["extra"] = json.dumps(extra, default=str)
+    row.setdefault("ts", env.ts)
+    if row.get("rank") is None:
+        row["rank"] = env.rank if env.rank is not None else (None if env.agent else ctx.rank)
+    if row.get("local_rank") is None and not env.agent:
+        row["local_rank"] = env.local_rank if env.local_rank is not None else ctx.local_rank
+    if row.get("host") is None:
+        row["host"] = env.host or ctx.host
+    if row.get("pid") is None and not env.agent:
+        row["pid"] = env.pid
+    if row.get("rank") is None and row.get("group_rank") is not None and row.get("pg") in (None, "0", "default_pg"):
+        row["rank"] = row["group_rank"]
+    row["node"] = ctx.node
+    key = (line_no, kind, row.get("rank"))
+    if key in ctx.seen:
+        return  # the file's tail is scanned again for weak signatures
+    ctx.seen.add(key)
+    if kind == "step_progress":
+        mine = ctx.progress.setdefault(row.get("rank"), [])  # per rank: consoles interleave them
+        mine.append(row)
+        if len(mine) > KEEP_PROGRESS:
+            mine.sort(key=lambda r: r["line"])
+            del mine[0]
+        return
+    ctx.rows.append(row)
 
 
 def _writer_view(same_writer, base: int):

@@ -37,7 +37,8 @@ SIGNALS = {
 # keys a signature file may have; `meaning` is read by ncclforensics.vocabulary
 _KEYS = frozenset({"event", "source", "description", "prefilter", "no_match", "fields", "variants", "match",
                    "set", "weak", "meaning", "carrier", "launcher",
-                   "rank_fields", "culprit_fields"})
+                   "rank_fields", "culprit_fields", "yields_to",
+                   "same_meaning_as"})
 
 
 class SignatureError(Exception):

@@ -1,38 +1,17 @@
-"""What every detector reads: the event table, the frontier, and facts derived from them once."""
+"""What every detector reads: the event table with its meanings, the frontier, and facts derived once."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import polars as pl
 
 from ncclforensics import align
-from ncclforensics.model import json_object
+from ncclforensics.model import MEANING_COLUMNS, RootCause, json_object
+from ncclforensics.vocabulary import EvidenceRole, Strength, vocabulary
 
-# Rows that are reactions to someone else's failure, never a root by themselves.
-SYMPTOM_KINDS = frozenset({
-    "watchdog_timeout", "watchdog_status", "dump_signal", "gloo_timeout", "peer_closed", "teardown",
-    "comm_aborted", "closing_signal", "heartbeat_hang", "monitored_barrier", "desync_report",
-})
-# Exception texts that are symptoms of a peer's failure (FORMATS.md §5, §6, §9.2).
-_SYMPTOM_TEXT = re.compile(
-    r"Timed out waiting \d+ms|Connection closed by (?:remote )?peer|Read error \[|Connection reset by peer|"
-    r"Watchdog caught collective operation timeout|remote process exited|failed to pass monitoredBarrier|"
-    r"successfully reached monitoredBarrier|NCCL communicator was aborted|Failed to recv, got 0 bytes|"
-    r"Broken pipe|ChildFailedError|Detected mismatch between collectives|Socket Timeout|"
-    r"timed out in blocking wait|SIGTERM|Signal 15|Terminated|"
-    # waiting for peers at start-up: the store never saw them (FORMATS.md §6.2, §9)
-    r"DistStoreError|wait timeout after|waiting for (?:clients|workers)|client socket has timed out|"
-    r"client socket has failed to connect|TCP client failed to connect|RendezvousTimeoutError|"
-    r"store based barrier|connectFullMesh failed")
-CAUSE_KINDS = frozenset({
-    "worker_killed", "worker_fault", "loader_error", "cuda_oom", "cpu_oom", "cuda_error", "xid",
-    "gpu_lost", "oom_killer", "segfault", "fatal_signal", "cpp_terminate", "gloo_enforce",
-})
-SIGNAL_NAMES = {6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 2: "SIGINT", 8: "SIGFPE",
-                4: "SIGILL"}
+CAUSE, SYMPTOM = EvidenceRole.CAUSE.value, EvidenceRole.SYMPTOM.value
 
 
 def extra(row: dict) -> dict:
@@ -40,18 +19,45 @@ def extra(row: dict) -> dict:
 
 
 def is_symptom_row(row: dict) -> bool:
-    kind = row["kind"]
-    if kind in SYMPTOM_KINDS:
-        return True
-    if kind in ("exception", "error_file", "child_failed", "nccl_error", "store_conn_lost", "watchdog_exception"):
-        text = f"{row.get('detail') or ''} {row.get('text') or ''}"
-        if _SYMPTOM_TEXT.search(text):
-            return True
-        if kind == "child_failed" and row.get("code") in (-15, 15, -2):
-            return True
-    if kind == "cpp_terminate" and "DistBackendError" in (row.get("text") or ""):
-        return True
-    return False
+    return row.get("role") == SYMPTOM
+
+
+def is_cause_row(row: dict) -> bool:
+    return row.get("role") == CAUSE
+
+
+def named_ranks(row: dict) -> list[int]:
+    """Ranks a row's text names (a fingerprint's two sides, the two ranks on one GPU, a desync
+    report's lists), as its signature declares them (`rank_fields`)."""
+    spec = vocabulary().specs.get(row["kind"])
+    if spec is None or not spec.rank_fields:
+        return []
+    x = extra(row)
+    out: list[int] = []
+    for key in spec.rank_fields:
+        v = row.get(key) if key in row else x.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(i for i in v if isinstance(i, int) and not isinstance(i, bool))
+    return [r for r in out if r >= 0]
+
+
+def culprits_named(row: dict) -> list[int]:
+    """Ranks a cause row's text names as its culprits (`culprit_fields`): e.g. both ranks that NCCL
+    found on one GPU (FORMATS.md §20.2)."""
+    spec = vocabulary().specs.get(row["kind"])
+    if spec is None or not spec.culprit_fields:
+        return []
+    x = extra(row)
+    out: list[int] = []
+    for key in spec.culprit_fields:
+        v = row.get(key) if key in row else x.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(i for i in v if isinstance(i, int) and not isinstance(i, bool))
+    return sorted({r for r in out if r >= 0})
 
 
 @dataclass
@@ -63,15 +69,21 @@ class Context:
 
     @classmethod
     def build(cls, events: pl.DataFrame) -> Context:
+        if any(c not in events.columns for c in MEANING_COLUMNS) or (
+                events.height and events["role"].null_count() == events.height):
+            events = vocabulary().annotate(events)
         events = events.with_columns(pl.col("kind").cast(pl.Utf8), pl.col("source").cast(pl.Utf8))
         fr = align.frontier(events)
         return cls(events=events, frontier=fr, stuck=align.stuck_collective(fr))
 
     # -- selections --------------------------------------------------------------------
     def rows(self, *kinds: str) -> list[dict]:
-        return self.events.filter(pl.col("kind").is_in(list(kinds))).to_dicts()
+        """Rows of these (declared) kinds, in table order."""
+        vocabulary().check(*kinds)
+        return [r for r in self.all_rows if r["kind"] in kinds]
 
     def kind_count(self, kind: str) -> int:
+        vocabulary().check(kind)
         return self.events.filter(pl.col("kind") == kind).height
 
     @cached_property
@@ -79,33 +91,43 @@ class Context:
         """Every row as a dict, built once (detectors read it; none may change a row)."""
         return self.events.to_dicts()
 
-    @cached_property
-    def search_texts(self) -> list[str]:
-        """Per row of all_rows: detail, text and the NCCL `Last error:` text, for regex searches."""
-        return [f"{r.get('detail') or ''} {r.get('text') or ''} {extra(r).get('last_error') or ''}"
-                if r["source"] != "flight_recorder" else "" for r in self.all_rows]
-
-    def search_hits(self, rx: re.Pattern) -> list[bool]:
-        """Per row of all_rows: whether `rx` finds something in its search text. Runs in polars
-        (Rust regex: ~20x Python's re on case-insensitive alternations); Python's re where the
-        pattern is beyond Rust's syntax."""
-        flags = "(?i)" if rx.flags & re.IGNORECASE else ""
-        try:
-            return self._search_series.str.contains(flags + rx.pattern).fill_null(False).to_list()
-        except pl.exceptions.PolarsError:
-            return [bool(rx.search(t)) for t in self.search_texts]
+    def causes(self, cls: RootCause | None = None, *, min_strength: Strength = Strength.WEAK) -> list[dict]:
+        """Cause rows (their signature says they can be a root), of one class if given. A launcher's
+        exit report of a rank whose own lines show a cause or a symptom follows from it (a rank that
+        raised or timed out exits too), so it is no cause of its own."""
+        explained = self._ranks_with_own_lines
+        return [r for r in self.all_rows if r["role"] == CAUSE and (cls is None or r["class"] == cls.value)
+                and (r["strength"] or 0) >= min_strength and r["source"] != "flight_recorder"
+                and not (r["rank"] in explained and _is_agent_row(r))]
 
     @cached_property
-    def _search_series(self) -> pl.Series:
-        return pl.Series("t", self.search_texts, dtype=pl.Utf8)
+    def _ranks_with_own_lines(self) -> set[int]:
+        """Ranks whose own lines show a cause or a symptom: their exit report follows from it."""
+        return {r["rank"] for r in self.all_rows if r["rank"] is not None and not _is_agent_row(r)
+                and r["role"] in (CAUSE, SYMPTOM)}
+
+    def symptoms(self, cls: RootCause | None = None) -> list[dict]:
+        return [r for r in self.all_rows if r["role"] == SYMPTOM and (cls is None or r["class"] == cls.value)]
 
     # -- facts -------------------------------------------------------------------------
     @cached_property
     def ranks_seen(self) -> list[int]:
+        """Ranks with a line of their own, a Flight Recorder dump, or named in a line's text."""
         ev = self.events.filter(pl.col("rank").is_not_null() & (pl.col("source") != "flight_recorder"))
         ranks = set(ev["rank"].to_list())
         ranks |= set(self.events.filter(pl.col("kind") == "fr_entry")["rank"].drop_nulls().to_list())
+        ranks |= set(self.text_ranks)
         return sorted(r for r in ranks if r >= 0)
+
+    @cached_property
+    def text_ranks(self) -> list[int]:
+        """Ranks named only inside message texts (fingerprints, duplicate GPUs, desync reports)."""
+        named = vocabulary().kinds_naming_ranks()
+        out: set[int] = set()
+        for r in self.all_rows:
+            if r["kind"] in named:
+                out.update(named_ranks(r))
+        return sorted(out)
 
     @cached_property
     def world_size(self) -> int | None:
@@ -117,15 +139,19 @@ class Context:
                     cands.append(x[key])
             if r["kind"] == "fr_pg" and x.get("members"):
                 cands.append(len(x["members"]))
-        ws = self.events.filter(pl.col("extra").str.contains('"world_size"'))
-        for r in ws.to_dicts():
-            v = extra(r).get("world_size")
+        for r in self.all_rows:
+            v = extra(r).get("world_size") if r["extra"] and '"world_size"' in r["extra"] else None
             if isinstance(v, int):
                 cands.append(v)
         for r in self.rows("rendezvous_ranks"):
             g = extra(r).get("global_ranks") or []
             if g:
                 cands.append(max(g) + 1)
+        # an all-gather's output holds every rank's input: NumelOut / NumelIn is the group size (§3.2)
+        for r in self.rows("watchdog_timeout"):
+            if r["op"] in ("ALLGATHER", "_ALLGATHER_BASE") and r["pg"] in (None, "0", "default_pg") \
+                    and r["numel_in"] and r["numel_out"] and r["numel_out"] % r["numel_in"] == 0:
+                cands.append(r["numel_out"] // r["numel_in"])
         stated = [c for c in cands if 0 < c <= 1_000_000]
         self.world_size_stated = bool(stated)  # else only a lower bound: the highest rank seen + 1
         if self.ranks_seen:
@@ -142,17 +168,19 @@ class Context:
         ev = self.events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
         out: dict[int, str] = {}
         for r, h in zip(ev["rank"].to_list(), ev["host"].to_list(), strict=False):
-            out.setdefault(r, h)
+            if h:
+                out.setdefault(r, h)
         return out
 
     @cached_property
     def training_started(self) -> bool:
-        """Any sign a collective or a step ran (a failure after this is not an init failure)."""
-        kinds = set(self.events["kind"].unique().to_list())
-        if kinds & {"step_progress", "fr_entry", "fingerprint_mismatch", "ckpt_save"}:
+        """Any sign that a collective completed or a step ran: a failure after this is no init failure."""
+        if any(r["role"] == EvidenceRole.PROGRESS.value and r["kind"] != "fr_pg" for r in self.all_rows):
             return True
-        seqs = self.events.filter(pl.col("kind").is_in(["watchdog_timeout", "watchdog_status"]))["seq"]
-        return bool(seqs.drop_nulls().len() and seqs.max() > 2)
+        if self.rows("fingerprint_mismatch", "ckpt_save", "desync_report"):
+            return True
+        seqs = [r["seq"] for r in self.rows("watchdog_timeout", "watchdog_status") if r["seq"] is not None]
+        return bool(seqs) and max(seqs) > 2
 
     @cached_property
     def first_symptom_ts(self):
@@ -163,28 +191,22 @@ class Context:
     def symptom_ranks(self) -> set[int]:
         """Ranks with a row showing they reacted to a peer (timeouts, closed connections)."""
         return {r["rank"] for r in self.all_rows
-                if r["rank"] is not None and r["kind"] not in ("child_failed", "worker_failed")
-                and is_symptom_row(r)}
+                if r["rank"] is not None and not _is_agent_row(r) and is_symptom_row(r)}
 
     @cached_property
     def self_failures(self) -> dict[int, dict]:
-        """rank -> the earliest row saying that rank failed on its own (not as a symptom).
+        """rank -> the earliest row saying that rank failed on its own (a cause of its own).
 
-        An exit code alone (torchrun's summary) counts only for a rank with no symptom of its own:
+        An exit code alone (a launcher's report) counts only for a rank with no symptom of its own:
         a rank whose watchdog fired dies of SIGABRT in the watchdog's teardown (FORMATS.md §3.7).
         """
         out: dict[int, dict] = {}
         symptomatic = self.symptom_ranks
         for r in self.all_rows:
             rank = r["rank"]
-            if rank is None or r["source"] == "flight_recorder" or is_symptom_row(r):
+            if rank is None or r["source"] == "flight_recorder" or not is_cause_row(r):
                 continue
-            kind = r["kind"]
-            if kind in ("child_failed", "worker_failed"):
-                own = r.get("code") not in (None, 0) and rank not in symptomatic
-            else:
-                own = kind in CAUSE_KINDS or kind in ("exception", "error_file")
-            if not own:
+            if _is_agent_row(r) and (r.get("code") in (None, 0) or rank in symptomatic):
                 continue
             prev = out.get(rank)
             if prev is None or _earlier(r, prev):
@@ -193,7 +215,7 @@ class Context:
 
     @cached_property
     def exit_codes(self) -> dict[int, int]:
-        """rank -> exit code torchrun reported (negative = signal), for ranks that showed no
+        """rank -> exit code a launcher reported (negative = signal), for ranks that showed no
         symptom of their own (a timed-out rank's SIGABRT is the watchdog's teardown)."""
         out: dict[int, int] = {}
         for r in self.rows("child_failed", "worker_failed"):
@@ -218,17 +240,17 @@ class Context:
         return out
 
 
+def _is_agent_row(row: dict) -> bool:
+    """A launcher's line about a worker (exit reports), not the worker's own."""
+    return row["kind"] in vocabulary().kinds_from_launcher()
+
+
 def _earlier(a: dict, b: dict) -> bool:
     if a["ts"] is not None and b["ts"] is not None and a["ts"] != b["ts"]:
         return a["ts"] < b["ts"]
-    return _cause_rank(a) > _cause_rank(b)
+    return _specificity(a) > _specificity(b)
 
 
-def _cause_rank(r: dict) -> int:
-    """Prefer the most specific row when times tie: a named cause over a generic exit."""
-    kind = r["kind"]
-    if kind in CAUSE_KINDS:
-        return 3
-    if kind in ("exception", "error_file"):
-        return 2
-    return 1
+def _specificity(r: dict) -> int:
+    """Prefer the most specific row when times tie: a stronger cause, then a worker's own line."""
+    return 2 * (r["strength"] or 0) + (0 if _is_agent_row(r) else 1)

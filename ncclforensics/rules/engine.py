@@ -5,13 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import string
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from ncclforensics.model import Collective, Evidence, Finding, Fix, Role, RootCause
 from ncclforensics.rules.context import Context
-from ncclforensics.rules.detectors import DETECTORS, Hit, symptom_only
+from ncclforensics.rules.detectors import DETECTORS, Hit
 from ncclforensics.rules.loader import Rule, load_rules
 
 CASCADE_SLACK = dt.timedelta(seconds=2)
+# a finding explains another (makes it a cascade) only when it is at least this credible relative to it
+CREDIBLE = 0.6
 
 
 class _Blank(dict):
@@ -66,13 +69,39 @@ def finding_of(rule: Rule, hit: Hit, ctx: Context) -> Finding:
     )
 
 
-def evaluate(ctx: Context) -> list[Finding]:
+def run_rule(rule: Rule, ctx: Context) -> tuple[list[Finding], list[str]]:
+    """One rule's findings, and the notes its detectors had to tell."""
     findings: list[Finding] = []
-    for rule in load_rules():
-        for m in rule.matches:
-            for hit in DETECTORS[m.detector](ctx, **m.params):
+    notes: list[str] = []
+    for m in rule.matches:
+        for hit in DETECTORS[m.detector](ctx, **m.params):
+            notes.extend(hit.notes)
+            if hit.confidence > 0:  # a hit without confidence only had something to say
                 findings.append(finding_of(rule, hit, ctx))
-    return _dedupe(findings)
+    return findings, notes
+
+
+@dataclass
+class Evaluation:
+    findings: list[Finding]
+    notes: list[str] = field(default_factory=list)
+
+
+def evaluate(ctx: Context) -> Evaluation:
+    """Every rule's findings, and the notes their detectors had to tell."""
+    findings: list[Finding] = []
+    fallback: set[str] = set()
+    notes: list[str] = []
+    for rule in load_rules():
+        found, said = run_rule(rule, ctx)
+        findings += found
+        notes += said
+        if rule.fallback:
+            fallback.add(rule.id)
+    # a class-level finding stands only where no mechanism rule of its class explains the run
+    mechanism = {f.root_cause for f in findings if f.rule not in fallback}
+    findings = [f for f in findings if f.rule not in fallback or f.root_cause not in mechanism]
+    return Evaluation(_dedupe(findings), list(dict.fromkeys(notes)))
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:
@@ -96,8 +125,10 @@ def order(findings: list[Finding]) -> Finding | None:
     for f in findings:
         for cls in f.yields_to:
             for g in by_class.get(cls, []):
-                if g is f:
-                    continue
+                if g is f or g.confidence < CREDIBLE * f.confidence:
+                    continue  # a far weaker finding explains nothing
+                if f.root_cause.value in g.yields_to and g.confidence < f.confidence:
+                    continue  # each would explain the other: the stronger stays
                 if f.ts is None or g.ts is None or g.ts <= f.ts + CASCADE_SLACK:
                     f.role = Role.CASCADE
                     break
@@ -121,21 +152,16 @@ def order(findings: list[Finding]) -> Finding | None:
 def unknown_finding(ctx: Context) -> Finding:
     """The verdict when no rule explains the run: say what would settle it; never invent a culprit."""
     s = ctx.stuck
-    seen = ctx.ranks_seen
     ws = ctx.world_size
-    if not seen:
-        why = "No line names a rank: the logs may be an agent console only, or cut before the failure."
-        need = "the per-rank logs (torchrun --log-dir or --tee output) of every rank"
-    elif len(seen) == 1 and (ws is None or ws > 1):
-        why = f"Only rank {seen[0]}'s log is here, and it shows symptoms (waiting), not a cause."
-        need = "the logs of the other ranks, above all any rank that did not time out"
-    elif symptom_only(ctx):
-        why = "Every rank shown only waited (timeouts, closed connections): the rank that caused it left no trace here."
+    if not ctx.causes() and not ctx.symptoms():
+        why = ("No line here shows a failure (no error, timeout, crash or kernel fault): the logs may end "
+               "before it, or hold only the launcher's output.")
+        need = ("the end of every rank's log (torchrun --log-dir or --tee output) and each host's kernel log "
+                "(dmesg -T)")
+    else:
+        why = "The failure lines here are consequences of another failure that left no trace in these logs."
         need = ("logs of the ranks missing here, dmesg/kern.log of each host (Xid, OOM killer), "
                 "and a Flight Recorder dump (TORCH_NCCL_TRACE_BUFFER_SIZE)")
-    else:
-        why = "No known failure signature explains these logs."
-        need = "the full console of every rank and the host kernel logs"
     return Finding(
         root_cause=RootCause.UNKNOWN, rule="", title="Not enough evidence for a root cause",
         message=why, confidence=0.0, collective=Collective(pg=s.pg, op_type=s.op, seq=s.seq),

@@ -43,13 +43,19 @@ class Rule:
     title: str
     message: str
     matches: tuple[Match, ...]
-    culprit_policy: str
     doc: dict
     fixes: tuple[FixSpec, ...]
     reproducer: str | None
     reproducer_mode: str | None
     path: str
     priority: int
+    fallback: bool = False  # a class-level rule: it stands only when no mechanism rule of its class fires
+
+
+_KEYS = frozenset({"id", "name", "root_cause", "confidence", "priority", "yields_to", "title", "message", "match",
+                   "doc", "fixes", "reproducer", "fallback"})
+_FIX_KEYS = frozenset({"title", "why", "code", "when"})
+_MATCH_KEYS = frozenset({"detector", "params"})
 
 
 def _load(path: Path) -> Rule:
@@ -58,6 +64,11 @@ def _load(path: Path) -> Rule:
         d = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RuleError(f"{rel}: {exc}") from None
+    unknown = set(d) - _KEYS
+    unknown |= {f"match.{k}" for m in d.get("match", []) for k in set(m) - _MATCH_KEYS}
+    unknown |= {f"fixes.{k}" for f in d.get("fixes", []) for k in set(f) - _FIX_KEYS}
+    if unknown:
+        raise RuleError(f"{rel}: unknown key(s) {sorted(unknown)}")
     try:
         rc = RootCause(d["root_cause"])
         conf = d["confidence"]
@@ -68,10 +79,9 @@ def _load(path: Path) -> Rule:
         rep = d.get("reproducer", {})
         return Rule(
             id=d["id"], name=d["name"], root_cause=rc, confidence=conf, yields_to=tuple(d.get("yields_to", [])),
-            title=d["title"], message=d["message"], matches=matches,
-            culprit_policy=d.get("culprit", {}).get("policy", "detector"), doc=dict(d.get("doc", {})),
+            title=d["title"], message=d["message"], matches=matches, doc=dict(d.get("doc", {})),
             fixes=fixes, reproducer=rep.get("template"), reproducer_mode=rep.get("mode"), path=rel,
-            priority=int(d.get("priority", 50)),
+            priority=int(d.get("priority", 50)), fallback=bool(d.get("fallback", False)),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise RuleError(f"{rel}: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,165 @@
+"""The detector registry, the Hit a detector returns, and helpers several root causes share."""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from ncclforensics.model import Collective, rank_ranges
+from ncclforensics.rules.context import Context, extra
+
+
+@dataclass
+class Hit:
+    culprits: list[int]
+    evidence: list[dict]
+    fields: dict = field(default_factory=dict)  # for the rule's message template
+    ts: object | None = None
+    collective: Collective | None = None
+    confidence: float = 1.0  # multiplies the rule's confidence
+    params: dict = field(default_factory=dict)  # reproducer / fix selection (validated later)
+    hosts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # run notes the detector has to tell
+
+
+DETECTORS: dict[str, Callable[..., list[Hit]]] = {}
+
+
+def detector(fn: Callable[..., list[Hit]]) -> Callable[..., list[Hit]]:
+    DETECTORS[fn.__name__] = fn
+    return fn
+
+
+# -- collectives and positions -------------------------------------------------------------
+def stuck_collective(ctx: Context) -> Collective:
+    s = ctx.stuck
+    return Collective(pg=s.pg, op_type=s.op, seq=s.seq)
+
+
+def minority(pos: dict[int, tuple]) -> tuple[list[int], tuple | None, bool]:
+    """Ranks whose position differs from the strict majority; (culprits, majority, strict)."""
+    counts = Counter(pos.values())
+    if len(counts) < 2:
+        return [], None, True
+    (top, n), (_, n2) = counts.most_common(2)
+    if n == n2:
+        return [], None, False
+    return sorted(r for r, p in pos.items() if p != top), top, True
+
+
+def earliest_ts(rows: list[dict]):
+    ts = [r["ts"] for r in rows if r.get("ts") is not None]
+    return min(ts) if ts else None
+
+
+def last_step(ctx: Context, rank: int) -> int | None:
+    steps = [extra(r).get("step") for r in ctx.rows("step_progress") if r["rank"] == rank]
+    steps = [s for s in steps if isinstance(s, int)]
+    return max(steps) if steps else None
+
+
+def waiting_ranks(ctx: Context) -> set[int]:
+    """Ranks that show they were waiting for peers (timeouts of their own)."""
+    rows = ctx.rows("watchdog_timeout", "gloo_timeout", "watchdog_status", "monitored_barrier")
+    out = {r["rank"] for r in rows if r["rank"] is not None}
+    if ctx.stuck.in_it and ctx.stuck.source in ("watchdog", "flight_recorder"):
+        out |= set(ctx.stuck.in_it)
+    return out
+
+
+# -- words ---------------------------------------------------------------------------------
+def who(ranks: list[int]) -> str:
+    """'Rank 3' / 'Ranks 0–3, 7' / 'A rank' for messages."""
+    if not ranks:
+        return "A rank"
+    return ("Rank " if len(ranks) == 1 else "Ranks ") + rank_ranges(ranks, count=False)
+
+
+def on_ranks(ranks: list[int]) -> str:
+    """' on rank 3' / ' on ranks 0–3' / '' (no rank known: say nothing)."""
+    if not ranks:
+        return ""
+    return (" on rank " if len(ranks) == 1 else " on ranks ") + rank_ranges(ranks, count=False)
+
+
+def rank_fields(ranks: list[int]) -> dict[str, str]:
+    w = who(ranks)
+    return {"ranks": rank_ranges(ranks, count=False) or "unknown", "who": w, "who_lc": w[:1].lower() + w[1:],
+            "on_ranks": on_ranks(ranks)}
+
+
+def signal_name(sig: int | None) -> str:
+    """SIGKILL for 9 (the stdlib knows the names); 'a signal' when unknown."""
+    if not sig:
+        return "a signal"
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def signal_of_exit(code: int | None) -> int | None:
+    """The signal behind an exit code: -N (Python), 128+N (shells), 256-N (a launcher's sys.exit(-N))
+    (FORMATS.md §18.1); None for an ordinary exit."""
+    if code is None:
+        return None
+    if code < 0:
+        return -code
+    if 128 < code < 160:
+        return code - 128
+    if 224 < code < 256:
+        return 256 - code
+    return None
+
+
+def aftermath(ctx: Context, culprits: list[int]) -> str:
+    """What the logs show the other ranks did next, in one sentence, or '' when they show nothing:
+    a narrative claims only what the logs hold."""
+    rows = [r for r in ctx.symptoms() if r["rank"] not in culprits]
+    if not rows:
+        return ""
+    kinds = {r["kind"] for r in rows}
+    ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
+    subject = who(ranks) if ranks else "Other ranks"
+    if kinds & {"watchdog_timeout", "gloo_timeout", "watchdog_status", "monitored_barrier", "desync_report"}:
+        what = "timed out waiting in a collective"
+    elif kinds & {"peer_closed", "store_conn_lost", "nccl_proxy_error", "remote_error"}:
+        what = "saw their connections to it close"
+    elif kinds & {"closing_signal", "launcher_teardown", "agent_signal"}:
+        return " The launcher then stopped the other workers."
+    else:
+        what = "failed after it"
+    return f" {subject} then {what}."
+
+
+# -- attribution ---------------------------------------------------------------------------
+def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[str]]:
+    """Ranks of `rows`; rows without a rank go to the one rank that died on its own, if unique.
+    Returns (culprits, confidence factor, notes)."""
+    ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
+    if ranks:
+        return ranks, 1.0, []
+    own = sorted(ctx.self_failures)
+    if len(own) == 1:
+        return own, 0.85, [f"a line without a rank prefix was attributed to rank {own[0]}, "
+                           "the only rank that failed on its own"]
+    return [], 0.6, []
+
+
+def peer_symptoms(ctx: Context, culprits: list[int], limit: int = 3) -> list[dict]:
+    rows = [r for r in ctx.rows("peer_closed", "gloo_timeout", "watchdog_timeout") if r["rank"] not in culprits]
+    return rows[:limit]
+
+
+def by_host_pid(ctx: Context) -> dict[tuple, set[int]]:
+    """(host, pid) -> ranks seen with that pid on that host; (None, pid) across hosts."""
+    out: dict[tuple, set[int]] = {}
+    ev = ctx.events.filter(pl.col("pid").is_not_null() & pl.col("rank").is_not_null())
+    for host, pid, rank in ev.select("host", "pid", "rank").iter_rows():
+        out.setdefault((host, pid), set()).add(rank)
+        out.setdefault((None, pid), set()).add(rank)
+    return out

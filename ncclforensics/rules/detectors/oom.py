@@ -1,0 +1,71 @@
+"""Out of memory: CUDA memory (allocator, runtime, NCCL's own buffers) or host memory ran out."""
+
+from __future__ import annotations
+
+from ncclforensics.model import RootCause
+from ncclforensics.rules.context import Context, extra
+from ncclforensics.rules.detectors.common import (
+    Hit,
+    aftermath,
+    attribute,
+    by_host_pid,
+    detector,
+    earliest_ts,
+    peer_symptoms,
+    rank_fields,
+    stuck_collective,
+)
+
+# the kernel's and the scheduler's kills: a process vanished, matched to a rank by pid (FORMATS.md §12.3, §13)
+_KILL_KINDS = ("oom_killer", "slurm_oom", "srun_task_exit")
+
+
+@detector
+def memory_exhausted(ctx: Context) -> list[Hit]:
+    hits = []
+    rows = [r for r in ctx.causes(RootCause.OOM) if r["kind"] not in _KILL_KINDS]
+    if rows:
+        culprits, conf, notes = attribute(ctx, rows)
+        host = all(r["kind"] == "cpu_oom" for r in rows)
+        hits.append(Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + peer_symptoms(ctx, culprits)),
+                        fields={"what": "host memory (CPU allocator)" if host else "CUDA memory",
+                                **rank_fields(culprits), "aftermath": aftermath(ctx, culprits)},
+                        ts=earliest_ts(rows), collective=stuck_collective(ctx), confidence=conf, notes=notes,
+                        params={"mode": "host" if host else "cuda", "culprit_ranks": culprits}))
+    killed = _host_kills(ctx)
+    if killed:
+        # the killed pid on that host (pids repeat across hosts); a kernel log without a host name
+        # matches a pid only if no two hosts share it
+        by_pid = by_host_pid(ctx)
+        culprits = sorted({next(iter(by_pid[key])) for r in killed
+                           if (key := (r["host"], extra(r).get("victim_pid"))) in by_pid and len(by_pid[key]) == 1})
+        hosts = sorted({r["host"] for r in killed if r["host"]})
+        if not culprits:
+            culprits = sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts and rk in ctx.exit_codes
+                              and ctx.exit_codes[rk] in (-9, 137))
+        hits.append(Hit(culprits=culprits, evidence=ctx.evidence_rows(killed), hosts=hosts,
+                        fields={"what": "host memory (the kernel OOM killer)", **rank_fields(culprits),
+                                "aftermath": aftermath(ctx, culprits)},
+                        ts=earliest_ts(killed), collective=stuck_collective(ctx),
+                        params={"mode": "host", "signal": 9, "culprit_ranks": culprits}))
+    return hits
+
+
+def _host_kills(ctx: Context) -> list[dict]:
+    """The kernel's OOM kills of training processes, and Slurm's cgroup OOM reports; a DataLoader
+    worker the OOM killer took is the loader's death (DL001): its pid is in the `DataLoader worker
+    (pid N) is killed` line, its comm pt_data_worker. Slurm's `Detected N oom_kill event` counts the
+    same kills, so it is the loader's too when every kill seen, or the only death, is a worker's."""
+    loader_pids = {extra(r).get("worker_pid") for r in ctx.rows("worker_killed")} - {None}
+    loader_sigkill = any(r["code"] == 9 for r in ctx.rows("worker_killed"))
+
+    def worker_kill(r: dict) -> bool:
+        x = extra(r)
+        return str(x.get("comm", "")).startswith("pt_data_worker") or x.get("victim_pid") in loader_pids
+
+    kernel = ctx.rows("oom_killer")
+    killed = [r for r in kernel if not worker_kill(r)]
+    slurm = [r for r in ctx.causes(RootCause.OOM) if r["kind"] in ("slurm_oom", "srun_task_exit")]
+    if killed or not ((kernel and all(map(worker_kill, kernel))) or (not kernel and loader_sigkill)):
+        killed += slurm
+    return killed
