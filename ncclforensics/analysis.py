@@ -86,7 +86,9 @@ def _missing_logs(ctx: Context) -> str | None:
     if not absent:
         return None
     shown = ", ".join(map(str, absent[:20])) + (" …" if len(absent) > 20 else "")
-    return f"no log lines from rank(s) {shown}: their logs would confirm or change this verdict"
+    if len(absent) == 1:
+        return f"no log lines from rank {shown}: its log would confirm or change this verdict"
+    return f"no log lines from ranks {shown}: their logs would confirm or change this verdict"
 
 
 def run_facts(res: IngestResult, ctx: Context) -> RunFacts:

@@ -8,11 +8,10 @@ import sys
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-
-from ncclforensics.report.words import human_bytes
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MIN_WIDTH = 40  # narrower than this, lines wrap so often that the terminal does better alone
 
@@ -36,6 +35,8 @@ def terminal_width() -> int:
 def stdout_console(color: ColorMode, width: int | None = None) -> Console:
     """A rich Console on stdout that never re-wraps or crops what it is given (soft_wrap): the
     callers lay out lines for `width` themselves and choose what may be cut, and how it is marked."""
+    from rich.console import Console
+
     kwargs: dict = {}
     if color is ColorMode.always:
         kwargs.update(force_terminal=True, no_color=False)
@@ -47,6 +48,8 @@ def stdout_console(color: ColorMode, width: int | None = None) -> Console:
 
 def err(msg: str) -> None:
     """One message for a person, on stderr."""
+    from rich.console import Console
+
     Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False).print(msg)
 
 
@@ -79,6 +82,8 @@ class Progress:
 
     def read(self, name: str, nbytes: int) -> None:
         """build_events' progress callback: `nbytes` more of file `name` reached the scanner."""
+        from ncclforensics.report.words import human_bytes
+
         if name != self.name:
             self.files += 1
             self.name = name

@@ -140,7 +140,9 @@ def summary_line(res, shown: pl.DataFrame, flt: EventFilter) -> str:
         read += f" and skipped {plural(len(res.skipped), 'file')}"
     ranks = df["rank"].drop_nulls().n_unique() if not df.is_empty() else 0
     hosts = df["host"].drop_nulls().n_unique() if not df.is_empty() else 0
-    found = f"found {plural(df.height, 'event')} from {plural(ranks, 'rank')} on {plural(hosts, 'host')}"
+    who = [f"from {plural(ranks, 'rank')}"] if ranks else []
+    who += [f"on {plural(hosts, 'host')}"] if hosts else []
+    found = f"found {plural(df.height, 'event')} {' '.join(who) or 'naming no rank or host'}"
     kinds = Counter(df["kind"].cast(pl.Utf8).to_list()).most_common(4) if not df.is_empty() else []
     if kinds:
         found += " (" + ", ".join(f"{k} {n:,}" for k, n in kinds) + (", …" if df["kind"].n_unique() > 4 else "") + ")"
