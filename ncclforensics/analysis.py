@@ -9,8 +9,10 @@ from pathlib import Path
 
 import polars as pl
 
+from ncclforensics.console import plural
 from ncclforensics.errors import NoInputError
 from ncclforensics.events import IngestResult, build_events
+from ncclforensics.ingest.discover import display_name
 from ncclforensics.model import Diagnosis, Evidence, Finding, RootCause, RunFacts
 from ncclforensics.rules import engine
 from ncclforensics.rules.context import Context, extra
@@ -23,20 +25,36 @@ class Analysis:
     diagnosis: Diagnosis
 
 
-def analyze_path(path: str | Path, *, progress=None) -> Analysis:
+def analyze_path(path: str | Path | list[str | Path], *, progress=None) -> Analysis:
     res = build_events(path, progress=progress)
     if res.files == 0 and res.events.is_empty():
-        raise NoInputError(no_input_message(Path(path), res))
+        raise NoInputError(no_input_message(" ".join(map(str, path)) if isinstance(path, list) else str(path), res))
     return analyze_events(res)
 
 
-def no_input_message(path: Path, res: IngestResult) -> str:
-    if res.skipped:
-        reasons = "; ".join(f"{s.file}: {s.reason}" for s in res.skipped[:3])
-        more = f" (+{len(res.skipped) - 3} more)" if len(res.skipped) > 3 else ""
-        return f"no readable log files in {path} ({reasons}{more})"
-    return f"no log files in {path}"
+def looks_like_logs(res: IngestResult) -> bool:
+    """Whether any line looked like a log of a PyTorch run: an event of a PyTorch, NCCL, launcher,
+    kernel or scheduler signature, or one that names its rank. The `app` signatures alone (words such
+    as "validation", "checkpoint", "step 5") match ordinary text, so they do not count."""
+    df = res.events
+    return df.filter((pl.col("source").cast(pl.Utf8) != "app") | pl.col("rank").is_not_null()).height > 0
 
+
+def no_input_message(label: str, res: IngestResult) -> str:
+    """One line: why nothing under `label` could be analysed."""
+    shown = "; ".join(f"{s.file}: {s.reason}" for s in res.skipped[:3])
+    more = f"; +{len(res.skipped) - 3:,} more" if len(res.skipped) > 3 else ""
+    skipped = f"skipped {plural(len(res.skipped), 'file')}"
+    if res.files == 0 and res.skipped:
+        text = (f"no readable log files in {label}: nothing looked like a PyTorch, NCCL or launcher log; "
+                f"{skipped} ({shown}{more})")
+    elif res.files == 0:
+        text = f"no log files in {label}: it is empty"
+    else:
+        read = f"read {plural(res.files, 'file')}, {plural(res.lines, 'line')}"
+        text = (f"no line in {label} looked like a PyTorch, NCCL or launcher log "
+                f"({read}{'; ' + skipped if res.skipped else ''})")
+    return display_name(text)
 
 def analyze_events(res: IngestResult) -> Analysis:
     ctx = Context.build(res.events)
@@ -70,7 +88,9 @@ def _missing_logs(ctx: Context) -> str | None:
     if not absent:
         return None
     shown = ", ".join(map(str, absent[:20])) + (" …" if len(absent) > 20 else "")
-    return f"no log lines from rank(s) {shown}: their logs would confirm or change this verdict"
+    if len(absent) == 1:
+        return f"no log lines from rank {shown}: its log would confirm or change this verdict"
+    return f"no log lines from ranks {shown}: their logs would confirm or change this verdict"
 
 
 def run_facts(res: IngestResult, ctx: Context) -> RunFacts:

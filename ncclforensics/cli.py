@@ -1,7 +1,8 @@
-"""The typer app: flags -> calls -> exit codes (DESIGN.md §4). Data to stdout, people to stderr."""
+"""The typer app: flags -> calls -> exit codes (DESIGN.md §4, README). Data to stdout, people to stderr."""
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import traceback
@@ -12,20 +13,35 @@ from typing import Annotated
 import typer
 
 from ncclforensics import __version__
+from ncclforensics.console import ColorMode, Progress, err, plural
 from ncclforensics.errors import ForensicsError, NoInputError, UsageError
 
+HELP = {"help_option_names": ["-h", "--help"]}
+PATHS_HELP = ("Run folders, log files, compressed files or archives, read as one run; - reads standard input.")
+EXIT_FAIL_ON = 1  # analyze --fail-on: the verdict is one of the classes named
+
 app = typer.Typer(
-    add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+    add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, context_settings=HELP,
     help="Explain failed distributed PyTorch runs from their logs.",
+    epilog="Exit codes: 0 done (whatever the verdict), 1 verdict named by --fail-on, 2 usage error, "
+           "3 no analysable input, 4 internal error.",
 )
-rules_app = typer.Typer(help="List and explain the diagnosis rules.", no_args_is_help=True)
+rules_app = typer.Typer(help="List and explain the diagnosis rules.", no_args_is_help=True, context_settings=HELP)
 app.add_typer(rules_app, name="rules")
 
 
-def _err(msg: str) -> None:
-    from rich.console import Console
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ncclforensics {__version__}")
+        raise typer.Exit(0)
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(msg, markup=False)
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", "-V", is_eager=True, callback=_version, help="Print the version and exit.")] = False,
+) -> None:
+    """Explain failed distributed PyTorch runs from their logs."""
 
 
 def _guard(fn, *args, **kwargs):
@@ -35,19 +51,38 @@ def _guard(fn, *args, **kwargs):
     except typer.Exit:
         raise
     except ForensicsError as exc:
-        _err(f"ncclforensics: {exc.message}")
+        err(f"ncclforensics: {exc.message}")
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        _err("ncclforensics: interrupted")
+        err("ncclforensics: interrupted")
         raise typer.Exit(130) from None
     except BrokenPipeError:
+        # the reader of stdout left (`| head`): stop quietly, and keep Python's exit flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     except Exception as exc:
         with tempfile.NamedTemporaryFile("w", prefix="ncclforensics-crash-", suffix=".txt", delete=False) as fh:
             traceback.print_exc(file=fh)
             where = fh.name
-        _err(f"ncclforensics: internal error ({type(exc).__name__}: {str(exc)[:200]}); traceback saved to {where}")
+        err(f"ncclforensics: internal error ({type(exc).__name__}: {str(exc)[:200]}); traceback saved to {where}")
         raise typer.Exit(4) from None
+
+
+def _read_run(paths: list[str], progress: Progress):
+    """build_events over the paths of one run; NoInputError when nothing in them is a log."""
+    from ncclforensics.analysis import looks_like_logs, no_input_message
+    from ncclforensics.events import build_events
+
+    if "-" in paths and sys.stdin is not None and sys.stdin.isatty() and progress.enabled:
+        err("ncclforensics: reading a log from standard input; end it with Ctrl-D")
+    res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read)
+    if not looks_like_logs(res):
+        raise NoInputError(no_input_message(_label(paths), res))
+    return res
+
+
+def _label(paths: list[str]) -> str:
+    return " ".join("standard input" if p == "-" else p for p in paths)
 
 
 class EventFormat(StrEnum):
@@ -59,105 +94,203 @@ class EventFormat(StrEnum):
 
 @app.command()
 def events(
-    path: Annotated[Path, typer.Argument(help="Run folder, log file, compressed file or archive.")],
+    paths: Annotated[list[str], typer.Argument(help=PATHS_HELP, metavar="PATH...", show_default=False)],
     fmt: Annotated[EventFormat, typer.Option("--format", "-f", help="Output format.")] = EventFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Write here instead of stdout (parquet needs a file).")] = None,
+    rank: Annotated[list[str] | None, typer.Option(
+        "--rank", metavar="RANKS", help="Only these global ranks: 3, 0,3 or 4-7; repeatable.")] = None,
+    kind: Annotated[list[str] | None, typer.Option(
+        "--kind", metavar="KIND", help="Only these event kinds (the kind column); repeatable.")] = None,
+    pg: Annotated[list[str] | None, typer.Option(
+        "--pg", metavar="PG", help="Only these process groups; repeatable.")] = None,
+    source: Annotated[list[str] | None, typer.Option(
+        "--source", metavar="SOURCE", help="Only these sources: nccl, c10d, torchrun, kernel, …; repeatable.")
+    ] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="TIME", help="Only events at or after this UTC time: 2026-11-22T07:44:17, or 07:44 "
+        "on the run's first day.")] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", metavar="TIME", help="Only events at or before this UTC time.")] = None,
+    grep: Annotated[str | None, typer.Option(
+        "--grep", metavar="REGEX", help="Only lines matching this regular expression.")] = None,
+    ignore_case: Annotated[bool, typer.Option("--ignore-case", "-i", help="--grep ignores case.")] = False,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", "-n", min=0, metavar="N", help="Rows to show: the table shows 50 by default; 0 shows all.")] = None,
+    color: Annotated[ColorMode, typer.Option("--color", help="Colour in the table.")] = ColorMode.auto,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no summary on stderr.")] = False,
 ) -> None:
-    """Print the event table of a run: one row per matched log line."""
-    _guard(_events, path, fmt, output)
+    """Print the event table of a run: one row per matched log line, ordered by time, file and line."""
+    _guard(_events, paths, fmt=fmt, output=output, quiet=quiet, color=color, limit=limit,
+           filters={"ranks": rank, "kinds": kind, "pgs": pg, "sources": source, "since": since, "until": until,
+                    "grep": grep, "ignore_case": ignore_case})
 
 
-def _events(path: Path, fmt: EventFormat, output: Path | None) -> None:
+def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bool, color: ColorMode,
+            limit: int | None, filters: dict) -> None:
+    from ncclforensics import eventview, outpaths
+    from ncclforensics.analysis import no_input_message
     from ncclforensics.events import build_events
-    from ncclforensics.jsonout import events_json, summary_line
+    from ncclforensics.jsonout import events_json
 
-    res = build_events(path)
+    if fmt is EventFormat.parquet and output in (None, outpaths.STDOUT):
+        raise UsageError("-f parquet writes a binary file: name it with -o FILE")
+    target = outpaths.file_target(output, "-o") or outpaths.STDOUT
+    progress = Progress.for_terminal(quiet=quiet)
+    try:
+        res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read)
+    finally:
+        progress.close()
     if res.files == 0 and res.events.is_empty():
-        raise NoInputError(_no_input_message(path, res))
-    df = res.events
+        raise NoInputError(no_input_message(_label(paths), res))
+    flt = eventview.EventFilter.parse(res.events, **filters)
+    df = eventview.ordered(flt.apply(res.events))
+    if limit is not None and limit > 0 and fmt is not EventFormat.table:
+        df = df.head(limit)
     if fmt is EventFormat.parquet:
-        if output is None:
-            raise ForensicsError("--format parquet needs --output FILE")
-        df.write_parquet(output)
+        outpaths.make_folder(Path(target).parent)
+        try:
+            df.write_parquet(target)
+        except OSError as exc:
+            raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
     elif fmt is EventFormat.csv:
-        text = df.with_columns(df["source"].cast(str), df["kind"].cast(str)).write_csv()
-        _write(text, output)
+        outpaths.write_text(target, df.with_columns(df["source"].cast(str), df["kind"].cast(str)).write_csv())
     elif fmt is EventFormat.json:
-        _write(events_json(df), output)
+        outpaths.write_text(target, events_json(df))
     else:
-        import polars as pl
-
-        with pl.Config(tbl_rows=200, tbl_cols=12, fmt_str_lengths=60, tbl_width_chars=200):
-            shown = df.select(["file", "line", "ts", "host", "rank", "pg", "kind", "seq", "op", "code", "detail"])
-            _write(str(shown) + "\n", output)
-    _err(summary_line(res))
+        _events_table(df, target, color=color, limit=eventview.TABLE_ROWS if limit is None else limit or None)
+    if not quiet:
+        err(eventview.summary_line(res, df, flt))
 
 
-def _no_input_message(path: Path, res) -> str:
-    from ncclforensics.ingest.discover import display_name  # one line, no terminal escapes
+def _events_table(df, target, *, color: ColorMode, limit: int | None) -> None:
+    import io
 
-    if res.skipped:
-        reasons = "; ".join(f"{s.file}: {s.reason}" for s in res.skipped[:3])
-        more = f" (+{len(res.skipped) - 3} more)" if len(res.skipped) > 3 else ""
-        return display_name(f"no readable log files in {path} ({reasons}{more})")
-    return display_name(f"no log files in {path}")
+    from rich.console import Console
+
+    from ncclforensics import eventview, outpaths
+    from ncclforensics.console import stdout_console, terminal_width
+
+    if target == outpaths.STDOUT:
+        console = stdout_console(color)
+    else:  # a file: plain text, as wide as the table needs
+        console = Console(file=io.StringIO(), width=max(terminal_width(), 200), color_system=None,
+                          highlight=False, markup=False, emoji=False)
+    hidden = eventview.table(df, console, limit=limit)
+    if hidden:
+        console.print(eventview.hidden_note(hidden, df.height, console.width), style="dim", soft_wrap=True)
+    if target != outpaths.STDOUT:
+        outpaths.write_text(target, console.file.getvalue())
 
 
-def _write(text: str, output: Path | None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        output.write_text(text, encoding="utf-8")
+def _fail_on(value: str | None) -> set[str]:
+    """`--fail-on gpu_hardware,oom` -> the classes; `any` is every class but unknown."""
+    from ncclforensics.model import RootCause
+
+    if value is None:
+        return set()
+    names = {v.strip().lower() for v in value.split(",") if v.strip()}
+    classes = {c.value for c in RootCause}
+    bad = sorted(names - classes - {"any"})
+    if bad or not names:
+        raise UsageError(f"--fail-on {value}: not a class; name one or more of {', '.join(sorted(classes))}, "
+                         "or any")
+    if "any" in names:
+        names = classes - {RootCause.UNKNOWN.value}
+    return names
 
 
 @app.command()
 def analyze(
-    path: Annotated[Path, typer.Argument(help="Run folder, log file, compressed file or archive.")],
+    paths: Annotated[list[str], typer.Argument(help=PATHS_HELP, metavar="PATH...", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Write the diagnosis as JSON to stdout.")] = False,
     as_md: Annotated[bool, typer.Option("--md", help="Write Markdown for a ticket comment to stdout.")] = False,
-    html: Annotated[Path | None, typer.Option("--html", help="Write the self-contained HTML report here.")] = None,
-    out_dir: Annotated[Path | None, typer.Option(
-        "--output-dir", "-o", help="Write report.html, diagnosis.json, report.md, repro.py here.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    html: Annotated[str | None, typer.Option(
+        "--html", metavar="FILE", help="Write the self-contained HTML report to this file (- for stdout).")] = None,
+    out_dir: Annotated[str | None, typer.Option(
+        "--output-dir", "-o", metavar="DIR",
+        help="Write report.html, diagnosis.json, report.md, repro.py in this folder.")] = None,
+    fail_on: Annotated[str | None, typer.Option(
+        "--fail-on", metavar="CLASS[,CLASS]",
+        help=f"Exit {EXIT_FAIL_ON} when the verdict is one of these classes (any: every class but unknown).")
+    ] = None,
+    color: Annotated[ColorMode, typer.Option("--color", help="Colour in the terminal summary.")] = ColorMode.auto,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no notes on stderr.")] = False,
 ) -> None:
-    """Diagnose a failed run: culprit rank(s), stuck collective, root cause, fixes."""
-    _guard(_analyze, path, as_json=as_json, as_md=as_md, html=html, out_dir=out_dir, quiet=quiet)
+    """Diagnose a failed run: culprit ranks, stuck collective, root cause, fixes."""
+    code = _guard(_analyze, paths, as_json=as_json, as_md=as_md, html=html, out_dir=out_dir, quiet=quiet,
+                  color=color, fail_on=fail_on)
+    raise typer.Exit(code or 0)
 
 
-def _analyze(path: Path, *, as_json: bool, as_md: bool, html: Path | None, out_dir: Path | None,
-             quiet: bool) -> None:
+def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, out_dir: str | None,
+             quiet: bool, color: ColorMode, fail_on: str | None) -> int:
     import json
 
-    from ncclforensics.analysis import analyze_path
+    from ncclforensics import outpaths
+    from ncclforensics.analysis import analyze_events
     from ncclforensics.jsonout import diagnosis_dict
-    from ncclforensics.textout import markdown, terminal
+    from ncclforensics.textout import markdown
 
-    if as_json and as_md:
-        raise UsageError("choose one of --json and --md")
-    analysis = analyze_path(path)
-    diag = analysis.diagnosis
-    repro = _reproducer(diag)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "diagnosis.json").write_text(json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n",
-                                                encoding="utf-8")
-        (out_dir / "report.md").write_text(markdown(diag, repro), encoding="utf-8")
+    fail = _fail_on(fail_on)
+    to_stdout = [name for name, on in (("--json", as_json), ("--md", as_md), ("--html -", html == "-")) if on]
+    if len(to_stdout) > 1:
+        raise UsageError(f"{' and '.join(to_stdout)} all write to stdout: choose one")
+    html_target = outpaths.file_target(html, "--html")
+    folder = outpaths.folder_target(out_dir, "-o")
+    progress = Progress.for_terminal(quiet=quiet)
+    try:
+        res = _read_run(paths, progress)
+        progress.phase(f"diagnosing {plural(res.events.height, 'event')}")
+        analysis = analyze_events(res)
+        diag = analysis.diagnosis
+        repro = _reproducer(diag)
+        page = None
+        if html_target is not None or folder is not None:
+            from ncclforensics.report.render import render_report
+
+            progress.phase("writing the HTML report")
+            page = render_report(analysis, repro)
+    finally:
+        progress.close()
+    if folder is not None:
+        outpaths.make_folder(folder)
+        doc = json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n"
+        outpaths.write_text(folder / "diagnosis.json", doc)
+        outpaths.write_text(folder / "report.md", markdown(diag, repro))
+        outpaths.write_text(folder / "report.html", page)
+        written = ["report.html", "diagnosis.json", "report.md"]
         if repro is not None:
-            (out_dir / "repro.py").write_text(repro.script, encoding="utf-8")
-        html = html or out_dir / "report.html"
-    if html is not None:
-        from ncclforensics.report.render import render_report
-
-        html.write_text(render_report(analysis, repro), encoding="utf-8")
+            outpaths.write_text(folder / "repro.py", repro.script)
+            written.append("repro.py")
+    if html_target is not None:
+        outpaths.write_text(html_target, page)
     if as_json:
-        _write(json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n", None)
+        outpaths.write_text(outpaths.STDOUT, json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n")
     elif as_md:
-        _write(markdown(diag, repro), None)
-    else:
-        _write(terminal(diag), None)
-    if not quiet and (html is not None or out_dir is not None):
-        _err(f"report written to {html}")
+        outpaths.write_text(outpaths.STDOUT, markdown(diag, repro))
+    elif html_target != outpaths.STDOUT:
+        _print_terminal(diag, color)
+    if not quiet:
+        if folder is not None:
+            err(f"Wrote {', '.join(written[:-1])} and {written[-1]} in {folder}.")
+        if html_target not in (None, outpaths.STDOUT):
+            err(f"Wrote the HTML report to {html_target}.")
+    if diag.verdict.root_cause.value in fail:
+        err(f"ncclforensics: the verdict is {diag.verdict.root_cause.value}, named by --fail-on: "
+            f"exit {EXIT_FAIL_ON}")
+        return EXIT_FAIL_ON
+    return 0
+
+
+def _print_terminal(diag, color: ColorMode) -> None:
+    from ncclforensics.console import stdout_console, terminal_width
+    from ncclforensics.termout import terminal
+
+    width = terminal_width()
+    console = stdout_console(color, width)
+    for line in terminal(diag, width=width):
+        console.print(line)
 
 
 def _reproducer(diag):
@@ -168,32 +301,38 @@ def _reproducer(diag):
 
         return render_reproducer(diag.verdict, diag.facts)
     except Exception as exc:
-        _err(f"ncclforensics: no reproducer for this verdict ({type(exc).__name__}: {str(exc)[:160]})")
+        err(f"ncclforensics: no reproducer for this verdict ({type(exc).__name__}: {str(exc)[:160]})")
         return None
 
 
 @app.command()
 def repro(
-    path: Annotated[Path, typer.Argument(help="Run folder, log file, compressed file or archive.")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the script here.")] = None,
+    paths: Annotated[list[str], typer.Argument(help=PATHS_HELP, metavar="PATH...", show_default=False)],
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Write the script to this file.")] = None,
     real_world_size: Annotated[bool, typer.Option(
         "--real-world-size", help="Use the run's world size instead of a laptop-sized one.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no notes on stderr.")] = False,
 ) -> None:
     """Write a torch script that recreates the diagnosed failure (and proves the fix with --fixed)."""
-    _guard(_repro, path, output, real_world_size)
+    _guard(_repro, paths, output, real_world_size=real_world_size, quiet=quiet)
 
 
-def _repro(path: Path, output: Path | None, real_world_size: bool) -> None:
-    from ncclforensics.analysis import analyze_path
+def _repro(paths: list[str], output: str | None, *, real_world_size: bool, quiet: bool) -> None:
+    from ncclforensics import outpaths
+    from ncclforensics.analysis import analyze_events
     from ncclforensics.repro.render import render_reproducer
 
-    diag = analyze_path(path).diagnosis
+    target = outpaths.file_target(output, "-o") or outpaths.STDOUT
+    progress = Progress.for_terminal(quiet=quiet)
+    try:
+        diag = analyze_events(_read_run(paths, progress)).diagnosis
+    finally:
+        progress.close()
     rep = render_reproducer(diag.verdict, diag.facts, real_world_size=real_world_size)
-    if output is None:
-        _write(rep.script, None)
-    else:
-        output.write_text(rep.script, encoding="utf-8")
-        _err(f"wrote {output}: run it with `{rep.command.replace('repro.py', str(output))}`")
+    outpaths.write_text(target, rep.script)
+    if target != outpaths.STDOUT and not quiet:
+        err(f"Wrote {target}: run it with `{rep.command.replace('repro.py', str(target))}`.")
 
 
 class ScanEngine(StrEnum):
@@ -227,17 +366,33 @@ def scan(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")] = False,
 ) -> None:
     """Analyze every run under ROOT in parallel: summary table, index.html, per-run reports."""
+    from ncclforensics import outpaths
     from ncclforensics.scan import scan_command
 
+    _guard(_catalogue)
+    _guard(outpaths.folder_target, out_dir, "-o")
     code = _guard(scan_command, root, out_dir, jobs=jobs, depth=depth, glob=glob, timeout=timeout,
                   engine=engine.value, ray_address=ray_address, quiet=quiet, force=force,
                   reports=not no_reports)
     raise typer.Exit(code or 0)
 
 
+def _catalogue() -> None:
+    """Load the pattern catalogue once: a broken install fails here, not in every run of a scan."""
+    from ncclforensics.parse.signatures import load_signatures
+    from ncclforensics.rules.loader import load_rules
+
+    load_signatures()
+    load_rules()
+
+
 @rules_app.command("list")
 def rules_list() -> None:
     """List every rule: id, root cause, name."""
+    _guard(_rules_list)
+
+
+def _rules_list() -> None:
     from ncclforensics.rules.loader import load_rules
 
     for r in sorted(load_rules(), key=lambda r: r.id):
@@ -255,7 +410,7 @@ def _explain(rule_id: str) -> None:
 
     r = rule_by_id(rule_id)
     if r is None:
-        raise UsageError(f"no rule {rule_id!r}; see `ncclforensics rules list`")
+        raise UsageError(f"no rule {rule_id!r}; `ncclforensics rules list` lists them")
     out = [f"{r.id} {r.name} ({r.root_cause.value})", ""]
     for key in ("what_it_detects", "why_it_happens", "known_false_positives"):
         out += [key.replace("_", " ").capitalize() + ":", "  " + r.doc.get(key, ""), ""]
@@ -267,8 +422,34 @@ def _explain(rule_id: str) -> None:
 @app.command()
 def version() -> None:
     """Print the version."""
-    typer.echo(__version__)
+    typer.echo(f"ncclforensics {__version__}")
+
+
+def _click_error(name: str) -> type[Exception]:
+    """click's exception class `name`: typer vendors click from 0.24 on, so look it up through a
+    class typer exports rather than by module path."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
 
 
 def main() -> None:
-    app()
+    """Run the app with usage errors as one line (click prints the usage and a framed message)."""
+    usage_error, click_exception = _click_error("UsageError"), _click_error("ClickException")
+    try:
+        code = app(standalone_mode=False, prog_name="ncclforensics")
+    except usage_error as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `ncclforensics` alone: the help
+            text = ctx.get_help() if ctx is not None else ""  # rich prints it itself and returns ""
+            if text:
+                typer.echo(text, err=True)
+            sys.exit(2)
+        cmd = ctx.command_path if ctx is not None else "ncclforensics"
+        err(f"{cmd}: {exc.format_message()} (`{cmd} -h` shows the options)")
+        sys.exit(2)
+    except click_exception as exc:
+        err(f"ncclforensics: {exc.format_message()}")
+        sys.exit(getattr(exc, "exit_code", 1))
+    except typer.Abort:
+        err("ncclforensics: interrupted")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -21,5 +21,15 @@ class NoInputError(ForensicsError):
     exit_code = 3
 
 
+class CatalogueError(ForensicsError):
+    """The pattern catalogue (patterns/) is missing or empty: a broken installation, exit 4."""
+
+    exit_code = 4
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"internal error: the pattern catalogue is missing or empty ({detail}); "
+                         "reinstall ncclforensics")
+
+
 class UnsafeInputError(Exception):
     """Raised inside ingest for one source; becomes a Skipped entry, never a crash."""

@@ -7,7 +7,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import polars as pl
 from ncclforensics.bounded import BytesQueue
 from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import archive, decode
-from ncclforensics.ingest.discover import Source, iter_sources, run_name
+from ncclforensics.ingest.discover import STDIN_NAME, Root, Source, iter_sources, roots_of, run_name
 from ncclforensics.ingest.envelope import UNKNOWN_YEAR, peel
 from ncclforensics.model import EVENT_SCHEMA, TEXT_LIMIT, Skipped
 from ncclforensics.parse import blocks, flight_recorder
@@ -115,6 +115,11 @@ class _Chain:
             return out
         return self._rest.read(n)
 
+    def readinto(self, b) -> int:  # gzip and isal readers ask for it on streams of unknown size (stdin)
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
 
 # Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
 # and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
@@ -125,8 +130,11 @@ READ_AHEAD_BYTES = 32 << 20
 BATCH_BYTES = 8 << 20
 
 
-def build_events(path: str | Path, *, progress: Callable[[str, int], None] | None = None) -> IngestResult:
-    """Read every source under `path` into the event table. Raises NoInputError for a missing path.
+def build_events(path: str | Path | Sequence[str | Path], *,
+                 progress: Callable[[str, int], None] | None = None) -> IngestResult:
+    """Read every source under `path` (or under each of several paths of one run, discover.roots_of;
+    "-" is standard input) into the event table. Raises NoInputError for a missing path.
+    `progress(file, nbytes)` is called as each piece of a file reaches the scanner.
 
     A reader thread walks the sources, reads and decompresses them and runs the block prefilter
     (polars, which releases the GIL) one chunk or file ahead; this thread does the tail check and
@@ -134,12 +142,13 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
     about equally busy), batched over many files (LineScanner.flush). Memory stays flat: at most
     READ_AHEAD_BYTES of prepared chunks, BATCH_BYTES of small files and the scanner's FLUSH_BYTES wait.
     """
-    root = Path(path)
-    result = IngestResult(run=run_name(root), events=pl.DataFrame(schema=EVENT_SCHEMA))
+    roots = roots_of(path)
+    run = ", ".join(STDIN_NAME if r.path is None else run_name(r.path) for r in roots)
+    result = IngestResult(run=run, events=pl.DataFrame(schema=EVENT_SCHEMA))
     scanner = LineScanner(load_signatures())
     contexts: list[FileContext] = []
     mtimes: list[float] = []
-    with _Reader(root, scanner) as reader:
+    with _Reader(roots, scanner) as reader:
         for item in reader:
             match item:
                 case ("skip", name, reason):
@@ -148,23 +157,17 @@ def build_events(path: str | Path, *, progress: Callable[[str, int], None] | Non
                     scanner.add_call(functools.partial(result.notes.append, text))
                 case ("chunk", ctx, prep, first_line):
                     scanner.add_chunk(prep, first_line, ctx)
+                    if progress is not None:
+                        progress(ctx.name, len(prep.data))
                 case ("tail", ctx, (data, first, chunk)):
                     scanner.add_tail(data, first, ctx, chunk)
                 case ("end", src, ctx, nbytes, exc):
-                    scanner.add_call(functools.partial(_end, result, contexts, mtimes, src, ctx, nbytes, exc,
-                                                       progress))
+                    scanner.add_call(functools.partial(_file_done, result, contexts, mtimes, src, ctx, nbytes,
+                                                       exc))
         scanner.flush()
     rows = [r for c in contexts for r in c.rows + [p for ps in c.progress.values() for p in ps]]
     result.events, result.year_source = _table(rows, result.run, mtimes)
     return result
-
-
-def _end(result: IngestResult, contexts: list[FileContext], mtimes: list[float], src: Source,
-         ctx: FileContext, nbytes: int, exc: BaseException | None,
-         progress: Callable[[str, int], None] | None) -> None:
-    _file_done(result, contexts, mtimes, src, ctx, nbytes, exc)
-    if progress is not None and exc is None and ctx in contexts:
-        progress(src.name, nbytes)
 
 
 def _file_done(result: IngestResult, contexts: list[FileContext], mtimes: list[float], src: Source,
@@ -204,8 +207,8 @@ class _Reader:
 
     _DONE = object()
 
-    def __init__(self, root: Path, scanner: LineScanner) -> None:
-        self.root = root
+    def __init__(self, roots: list[Root], scanner: LineScanner) -> None:
+        self.roots = roots
         self.scanner = scanner
         self.queue = BytesQueue(READ_AHEAD_BYTES)  # sized by the prepared chunks' bytes
         self.pending: list[tuple] = []  # small files read whole, waiting for one shared prefilter query
@@ -258,31 +261,8 @@ class _Reader:
 
     def _run(self) -> None:
         try:
-            walking = self.root.is_dir() or archive.is_archive(self.root.name)
-            docs: list[str] = []
-            read_any = False
-            for src in iter_sources(self.root):
-                if src.skipped:
-                    self._put(("skip", src.name, src.skipped))
-                    continue
-                if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
-                    if self.root.is_dir() and src.name.lower().endswith(DOC_SUFFIXES):
-                        docs.append(src.name)  # read only if the folder holds no log at all
-                    else:
-                        self._put(("skip", src.name, NOT_A_LOG))
-                    continue
-                read_any = self._source(src) or read_any
-            if docs and not read_any:
-                # a folder of pasted output saved as documents (an issue body as issue.md): read them
-                self._put(("note", f"no log files beside {', '.join(docs[:3])}{' …' if len(docs) > 3 else ''}: "
-                                   "read as logs"))
-                for name in docs:
-                    for src in iter_sources(self.root / name):
-                        src.name = name
-                        self._source(src)
-            else:
-                for name in docs:
-                    self._put(("skip", name, NOT_A_LOG))
+            for root in self.roots:
+                self._walk(root)
             self._put(self._DONE)
         except _Stopped:
             return
@@ -292,6 +272,35 @@ class _Reader:
             except _Stopped:
                 return
 
+    def _walk(self, root: Root) -> None:
+        path = root.path
+        is_dir = path is not None and path.is_dir()
+        walking = is_dir or (path is not None and archive.is_archive(path.name))
+        docs: list[str] = []
+        read_any = False
+        for src in iter_sources(path):
+            src.name = root.prefix + src.name
+            if src.skipped:
+                self._put(("skip", src.name, src.skipped))
+                continue
+            if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
+                if is_dir and src.name.lower().endswith(DOC_SUFFIXES):
+                    docs.append(src.name)  # read only if the folder holds no log at all
+                else:
+                    self._put(("skip", src.name, NOT_A_LOG))
+                continue
+            read_any = self._source(src) or read_any
+        if docs and not read_any:
+            # a folder of pasted output saved as documents (an issue body as issue.md): read them
+            self._put(("note", f"no log files beside {', '.join(docs[:3])}{' …' if len(docs) > 3 else ''}: "
+                               "read as logs"))
+            for name in docs:
+                for src in iter_sources(path / name.removeprefix(root.prefix)):
+                    src.name = name
+                    self._source(src)
+        else:
+            for name in docs:
+                self._put(("skip", name, NOT_A_LOG))
 
     def _source(self, src: Source) -> bool:
         """Read one source; whether it held any bytes."""

@@ -1,21 +1,9 @@
-"""Human outputs of a diagnosis: the terminal summary (80 columns) and Markdown for a ticket."""
+"""Human outputs of a diagnosis: Markdown for a ticket, and the words it shares with the terminal
+summary (termout.py)."""
 
 from __future__ import annotations
 
-import re
-import textwrap
-
-from ncclforensics.model import Diagnosis, Finding, RunFacts, rank_ranges
-
-WIDTH = 80
-# `[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]` -> `[pair.cc:553]`
-_SRC_PATH = re.compile(r"(?<![\w.])/?(?:[\w.\-]+/)+([\w.\-]+\.(?:cc|cpp|c|h|hpp|cu|py):\d+)")
-_ENVELOPE = re.compile(r"^(?:\[(?:default|rank)\d+\]: ?|\[[FEWIV]\d{3,4} [\d:.]+ [\w.]+:\d+\] )+")
-
-
-def _evidence_line(text: str) -> str:
-    """An evidence line made short for 80 columns: prefixes and source paths trimmed."""
-    return _SRC_PATH.sub(r"\1", _ENVELOPE.sub("", text.strip()))
+from ncclforensics.model import Diagnosis, Finding, rank_ranges
 
 
 def collective_words(f: Finding) -> str:
@@ -34,54 +22,6 @@ def _ranks(f: Finding) -> str:
     if f.culprit_hosts:
         return "host " + ", ".join(f.culprit_hosts)
     return "no single rank"
-
-
-def terminal(diag: Diagnosis, *, width: int = WIDTH) -> str:
-    v = diag.verdict
-    w = textwrap.TextWrapper(width=width, subsequent_indent="  ")
-    lines = [f"VERDICT  {v.root_cause.value}  (confidence {v.confidence:.2f}{', rule ' + v.rule if v.rule else ''})"]
-    lines += w.wrap(v.title)
-    lines.append(f"Culprit: {_ranks(v)}")
-    lines.append(f"Stuck collective: {collective_words(v)}")
-    lines.append("")
-    lines += textwrap.wrap(v.message, width=width)
-    if v.evidence:
-        lines.append("")
-        lines.append("Evidence:")
-        for e in v.evidence[:5]:
-            where = f"{e.file}:{e.line}"
-            who = f" rank {e.rank}" if e.rank is not None else ""
-            lines.append(textwrap.shorten(f"  {where}{who}", width=width, placeholder="…"))
-            lines.append(textwrap.shorten("    " + _evidence_line(e.text), width=width, placeholder="…"))
-    if v.fixes:
-        lines.append("")
-        lines.append(f"Top fix: {v.fixes[0].title}")
-        for code_line in v.fixes[0].code.splitlines()[:8]:
-            lines.append(("    " + code_line)[:width])
-    if diag.missing:
-        lines.append("")
-        lines += textwrap.wrap("To be surer: " + diag.missing, width=width)
-    others = [f for f in diag.findings if f is not v]
-    if others:
-        lines.append("")
-        lines.append("Other findings:")
-        for f in others[:5]:
-            lines.append(textwrap.shorten(f"  [{f.role.value}] {f.root_cause.value} {f.rule}: {f.title}",
-                                          width=width, placeholder="…"))
-    facts = diag.facts
-    lines.append("")
-    lines.append(textwrap.shorten(
-        f"Read {facts.files} files, {facts.lines:,} lines; ranks seen {len(facts.ranks_seen)}"
-        f"{_of_world(facts)}; {len(facts.skipped)} skipped.",
-        width=width, placeholder="…"))
-    return "\n".join(lines) + "\n"
-
-
-def _of_world(facts: RunFacts) -> str:
-    if not facts.world_size:
-        return ""
-    bound = any("lower bound" in n for n in facts.notes)
-    return f" of {'at least ' if bound else ''}{facts.world_size}"
 
 
 def _md_escape(s: str) -> str:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ncclforensics.errors import NoInputError, UnsafeInputError
+from ncclforensics.errors import NoInputError, UnsafeInputError, UsageError
 from ncclforensics.ingest import archive
 from ncclforensics.model import Skipped
 
 MAX_FILES = 200_000
+STDIN = "-"  # as a path given on the command line: standard input
+STDIN_NAME = "stdin"  # the source name of what standard input held
 
 
 @dataclass
@@ -53,23 +56,89 @@ def run_name(path: Path) -> str:
     return name
 
 
-def iter_sources(path: str | os.PathLike) -> Iterator[Source]:
-    """Every readable file under `path` (a folder, file, compressed file or archive).
+@dataclass(frozen=True)
+class Root:
+    """One path of a run, and the prefix the names of its sources take in the run."""
+
+    path: Path | None  # None: standard input
+    prefix: str = ""
+
+    @property
+    def label(self) -> str:
+        return STDIN if self.path is None else str(self.path)
+
+
+def roots_of(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Root]:
+    """The paths of one run as Roots; the string "-" is standard input.
+
+    One path keeps its sources' names relative to itself. Several are one run whose names are
+    relative to the paths' common folder (`node0/rank0.log`, `node1/rank0.log`, `dmesg.txt`), so
+    they stay apart and a folder's name still tells its host; an archive's members are named
+    `job.tar.gz!member`, as in a folder. Raises NoInputError for a path that does not exist and
+    UsageError for a path given twice or inside another.
+    """
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    if sum(1 for p in paths if isinstance(p, str) and p == STDIN) > 1:
+        raise UsageError("standard input (-) is given more than once")
+    files = [Path(p) for p in paths if not (isinstance(p, str) and p == STDIN)]
+    for p in files:
+        _stat(p)
+    real = [Path(os.path.realpath(p)) for p in files]
+    for i, a in enumerate(real):
+        for j, b in enumerate(real[:i]):
+            if a.is_relative_to(b) or b.is_relative_to(a):
+                inner, outer = (files[i], files[j]) if a.is_relative_to(b) else (files[j], files[i])
+                what = "the same as" if a == b else "inside"
+                raise UsageError(f"{display_name(str(inner))} is {what} {display_name(str(outer))}: give it once")
+    if len(paths) == 1:
+        return [Root(files[0] if files else None)]
+    parents = [Path(os.path.abspath(p)).parent for p in files]
+    common = Path(os.path.commonpath(parents)) if parents else Path.cwd()
+    roots = []
+    for p in paths:
+        if isinstance(p, str) and p == STDIN:
+            roots.append(Root(None))
+            continue
+        path = Path(p)
+        absolute = Path(os.path.abspath(path))
+        if path.is_dir() or archive.is_archive(path.name):
+            prefix = absolute.relative_to(common).as_posix() + ("/" if path.is_dir() else "!")
+        else:
+            rel = absolute.parent.relative_to(common).as_posix()
+            prefix = "" if rel == "." else rel + "/"
+        roots.append(Root(path, display_name(prefix)))
+    return roots
+
+
+def iter_sources(path: str | os.PathLike | None) -> Iterator[Source]:
+    """Every readable file under `path` (a folder, file, compressed file or archive; None for
+    standard input).
 
     Raises NoInputError when the path does not exist. Problems with one source become a
     Source with `skipped` set; they never stop the walk.
     """
+    if path is None:
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None or sys.stdin.closed:
+            raise NoInputError("standard input (-) is closed")
+        yield Source(STDIN_NAME, stream, None, None)
+        return
     root = Path(path)
-    try:
-        st = root.stat()
-    except FileNotFoundError:
-        raise NoInputError(f"no such file or folder: {path}") from None
-    except OSError as exc:
-        raise NoInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    st = _stat(root)
     if stat.S_ISDIR(st.st_mode):
         yield from _walk(root)
     else:
         yield from _open_file(root, root.name, st, is_root=True)
+
+
+def _stat(path: Path) -> os.stat_result:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        raise NoInputError(f"no such file or folder: {display_name(str(path))}") from None
+    except OSError as exc:
+        raise NoInputError(f"cannot read {display_name(str(path))}: {exc.strerror or exc}") from None
 
 
 def _walk(root: Path) -> Iterator[Source]:

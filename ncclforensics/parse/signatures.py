@@ -13,9 +13,21 @@ from pathlib import Path
 
 import regex
 
+from ncclforensics.errors import CatalogueError
 from ncclforensics.model import EVENT_SCHEMA, SOURCES
 
-PATTERNS_DIR = Path(__file__).resolve().parent.parent.parent / "patterns"
+
+def _patterns_dir() -> Path:
+    """The pattern catalogue: ncclforensics/patterns in a wheel (setup.py maps it there), patterns/
+    at the top of the repository in a source checkout or an editable install."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / "patterns"
+    if not shipped.is_dir() and (package.parent / "pyproject.toml").is_file():
+        return package.parent / "patterns"
+    return shipped
+
+
+PATTERNS_DIR = _patterns_dir()
 SIGNATURES_DIR = PATTERNS_DIR / "signatures"
 NOISE_FILE = PATTERNS_DIR / "noise.txt"
 ANCHOR_LENGTHS = (5, 6, 8)
@@ -261,6 +273,8 @@ def choose_anchors(literals: list[str], noise: list[str]) -> list[str]:
 @functools.cache
 def load_signatures(root: Path = SIGNATURES_DIR) -> SignatureSet:
     sigs = [s for p in sorted(root.rglob("*.toml")) if (s := _load_one(p)) is not None]
+    if not sigs:  # a broken install would otherwise read every log as `unknown`
+        raise CatalogueError(f"no signature files under {root}")
     return SignatureSet(sigs)
 
 

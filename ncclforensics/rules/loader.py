@@ -7,6 +7,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncclforensics.errors import CatalogueError
 from ncclforensics.model import RootCause
 from ncclforensics.parse.signatures import PATTERNS_DIR
 
@@ -90,6 +91,8 @@ def _load(path: Path) -> Rule:
 @functools.cache
 def load_rules(root: Path = RULES_DIR) -> tuple[Rule, ...]:
     rules = [_load(p) for p in sorted(root.rglob("*.toml")) if not p.name.endswith(".cases.toml")]
+    if not rules:
+        raise CatalogueError(f"no rule files under {root}")
     return tuple(sorted(rules, key=lambda r: (r.priority, r.id)))
 
 

@@ -207,7 +207,9 @@ def scan_command(root: Path, out_dir: Path, *, jobs: int | None = None, depth: i
                ray_address=ray_address, progress=not quiet and sys.stderr.isatty(), force=force,
                reports=reports)
     if not quiet:
-        failed = f", {res.errors} could not be analyzed" if res.errors else ""
-        sys.stderr.write(f"{res.runs} runs ({res.analyzed} analyzed, {res.cached} unchanged{failed}) in "
-                         f"{res.seconds:.1f} s -> {res.index_html}\n")
+        from ncclforensics.console import plural
+
+        failed = f", {res.errors:,} could not be analyzed" if res.errors else ""
+        sys.stderr.write(f"Scanned {plural(res.runs, 'run')} ({res.analyzed:,} analyzed, {res.cached:,} unchanged"
+                         f"{failed}) in {res.seconds:.1f} s: {res.index_html}\n")
     return 0

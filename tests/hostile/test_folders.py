@@ -68,7 +68,7 @@ def test_folder_of_binaries(tmp_path):
     assert why.pop("model.bin").startswith("not a log")
     assert all(r.startswith("binary file") for r in why.values()), why
     out = run_cli(run, 3)
-    assert "binary" in out.stderr and "(+5 more)" in out.stderr
+    assert "binary" in out.stderr and "; +5 more)" in out.stderr
 
 
 def test_binaries_next_to_a_good_log(tmp_path, good_bytes, good_expected):
@@ -124,7 +124,7 @@ def test_twenty_thousand_tiny_files(tmp_path):
     assert res.skipped == []
     assert sorted(res.events["seq"].to_list()) == list(range(0, 20_000, 1_000))
     out = cli.finish(0)
-    assert "20000 files read" in out.stderr
+    assert "Read 20,000 files" in out.stderr
     assert sorted(e["seq"] for e in out.events) == list(range(0, 20_000, 1_000))
 
 
