@@ -495,15 +495,19 @@ def _read_json(data: bytes, ctx: FileContext) -> bool | str:
     return True
 
 
-def _nearest_year(t: dt.datetime, ref: dt.datetime) -> dt.datetime | None:
-    """`t` (its year unknown) in the year around `ref` that puts it nearest `ref`."""
+def _nearest_year(t: dt.datetime, ref: dt.datetime, *, not_after: bool = False) -> dt.datetime | None:
+    """`t` (its year unknown) in the year around `ref` that puts it nearest `ref`; with `not_after`
+    (ref is the files' last write), never later than `ref`: a line cannot be newer than its file."""
     best = None
     for year in (ref.year - 1, ref.year, ref.year + 1):
         try:
             cand = t.replace(year=year)
         except ValueError:  # 29 February in a non-leap year
             continue
-        gap = abs((cand.replace(tzinfo=None) - ref).total_seconds())
+        gap = (cand.replace(tzinfo=None) - ref).total_seconds()
+        if not_after and gap > 86_400:  # a day of slack for time zones: stamps are local, mtimes UTC
+            continue
+        gap = abs(gap)
         if best is None or gap < best[0]:
             best = (gap, cand)
     return best[1] if best else None
@@ -528,7 +532,7 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
     fixed = []
     for t in data["ts"]:
         if t is not None and t.year == UNKNOWN_YEAR:
-            t = _nearest_year(t, ref) if ref is not None else None
+            t = _nearest_year(t, ref, not_after=year_source == "file modification time") if ref is not None else None
         fixed.append(t)
     data["ts"] = fixed
     schema = dict(EVENT_SCHEMA)
@@ -540,7 +544,7 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
     df = df.with_columns(pl.col("ts").dt.replace_time_zone("UTC"))
     # one host, one name: NCCL prints the name cut at the first dot, torchrun the FQDN (§10.1)
     df = df.with_columns(
-        pl.when(pl.col("host").str.contains(r"^\d{1,3}(?:\.\d{1,3}){3}$|:"))
+        pl.when(pl.col("host").str.contains(r"^\d{1,3}(?:\.\d{1,3}){3}$|:|^\."))  # an IP; a redacted `...-48`
         .then(pl.col("host"))
         .otherwise(pl.col("host").str.split(".").list.first())
         .alias("host"))
@@ -556,7 +560,7 @@ def _table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFram
                                          maintain_order=True)])
     df = _fill_ranks(df)
     df = df.sort(["ts", "rank", "file", "line"], nulls_last=True, maintain_order=True)
-    df = vocabulary().annotate(df)
+    df = vocabulary().annotate(vocabulary().drop_duplicates(df))
     df = df.with_columns(pl.col("source").cast(EVENT_SCHEMA["source"]), pl.col("kind").cast(pl.Categorical()))
     return df.select(list(EVENT_SCHEMA)), year_source
 

@@ -84,7 +84,7 @@ class KindSpec:
     launcher: bool = False  # a launcher's line about a worker (an exit report), not the worker's own
     rank_fields: tuple[str, ...] = ()  # fields holding ranks the text names (they count as seen)
     culprit_fields: tuple[str, ...] = ()  # fields holding ranks the text names as the culprits
-    yields_to: tuple[str, ...] = ()  # a carrier is context where one of these kinds is on the same line
+    duplicate_of: tuple[str, ...] = ()  # dropped where one of these kinds is on the same line (it says the same)
     same_meaning_as: str | None = None  # another kind whose [[meaning]] list this one shares
 
     def meaning_of(self, row: dict) -> Meaning:
@@ -175,7 +175,7 @@ def _load_spec(path: Path, root: Path) -> KindSpec:
                     meanings=meanings, description=data.get("description", ""), parser=data.get("parser"),
                     carrier=bool(data.get("carrier", False)), launcher=bool(data.get("launcher", False)),
                     rank_fields=tuple(data.get("rank_fields", ())),
-                    culprit_fields=tuple(data.get("culprit_fields", ())), yields_to=tuple(data.get("yields_to", ())),
+                    culprit_fields=tuple(data.get("culprit_fields", ())), duplicate_of=tuple(data.get("duplicate_of", ())),
                     same_meaning_as=data.get("same_meaning_as"))
 
 
@@ -266,18 +266,25 @@ class Vocabulary:
                     .select("file", "line").unique().with_columns(pl.lit(True).alias("_specific")))
         out = out.join(specific, on=["file", "line"], how="left", maintain_order="left")
         yielded = is_carrier & pl.col("_specific").fill_null(False)
-        for s in self.specs.values():
-            if s.carrier and s.yields_to:
-                over = (out.filter(pl.col("_k").is_in(list(s.yields_to))).select("file", "line").unique()
-                        .with_columns(pl.lit(True).alias("_over")))
-                out = out.join(over, on=["file", "line"], how="left", maintain_order="left")
-                yielded = yielded | ((pl.col("_k") == s.kind) & pl.col("_over").fill_null(False))
-                out = out.with_columns(yielded.alias("_y")).drop("_over")
-                yielded = pl.col("_y")
         return out.with_columns(
             pl.when(yielded).then(pl.lit("context")).otherwise(pl.col("role")).alias("role"),
             pl.when(yielded).then(pl.lit(None, dtype=pl.Int8)).otherwise(pl.col("strength")).alias("strength"),
-        ).drop([c for c in ("_specific", "_y") if c in out.columns])
+        ).drop("_specific")
+
+    def drop_duplicates(self, events: pl.DataFrame) -> pl.DataFrame:
+        """Rows of a kind declared `duplicate_of` another, where that other kind is on the same line."""
+        for spec in self.specs.values():
+            if not spec.duplicate_of:
+                continue
+            kind = pl.col("kind").cast(pl.Utf8)
+            over = events.filter(kind.is_in(list(spec.duplicate_of))).select("file", "line").unique()
+            if over.is_empty():
+                continue
+            dup = events.filter(kind == spec.kind).join(over, on=["file", "line"], how="semi")
+            if dup.height:
+                events = events.join(dup.select("file", "line", "kind").unique(), on=["file", "line", "kind"],
+                                     how="anti", maintain_order="left")
+        return events
 
 
 def _condition(key: str, want: object) -> pl.Expr:

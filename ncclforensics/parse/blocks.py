@@ -14,6 +14,7 @@ MAX_BLOCK_LINES = 400
 TRACEBACK_START = "Traceback (most recent call last):"
 CHILD_FAILED = "ChildFailedError:"
 LAST_ERROR = "Last error:"
+CPP_WHAT = "what():"
 FAULT_STACK = ("most recent call first):",)
 BLOCK_LITERALS = (TRACEBACK_START, CHILD_FAILED, LAST_ERROR) + FAULT_STACK
 

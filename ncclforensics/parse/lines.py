@@ -398,6 +398,12 @@ class LineScanner:
                 if not found and lines.has(i + 1):
                     found, body = self._rejoin(lines, i, body)
                 for sig, fields in found:
+                    if sig.event == "cpp_terminate" and "what" not in fields:
+                        # `  what():  <message>` follows on the next line (FORMATS.md §1.3): the
+                        # message tells a watchdog's teardown (a symptom) from a crash of its own
+                        nb = same_writer(i + 1)
+                        if nb is not None and nb.lstrip().startswith(blocks.CPP_WHAT):
+                            fields = dict(fields, what=nb.lstrip()[len(blocks.CPP_WHAT):].strip()[:500])
                     if sig.event == "nccl_error":
                         for k in range(1, 6):
                             nb = same_writer(i + k)
@@ -433,17 +439,24 @@ class LineScanner:
                         kept[who] = kept.get(who, 0) + 1
 
     def _rejoin(self, lines: _Lines, i: int, body: str) -> tuple[list, str]:
-        """A hard-wrapped line: join the following unenveloped lines and try again (§1.8)."""
+        """A hard-wrapped line: join the following unenveloped lines and try again (§1.8).
+
+        A continuation starts mid-text: an indented line (a traceback's frame or code) is no
+        continuation. A signature that the continuation matches by itself is left to that line, so
+        one event is not emitted twice at two line numbers."""
         joined = body
+        alone: list[str] = []
         for k in range(1, 3):
             if not lines.has(i + k):
                 break
             nxt = ANSI.sub("", lines[i + k])
             e = peel(nxt)
-            if e.key or e.ts is not None or e.sev is not None or not nxt.strip():
+            if e.key or e.ts is not None or e.sev is not None or not nxt.strip() or nxt[:1].isspace():
                 break
             joined += nxt
-            found = self.sigset.match_all(joined)
+            alone.append(nxt)
+            found = [(sig, f) for sig, f in self.sigset.match_all(joined)
+                     if not any(sig.match(a) is not None for a in alone)]
             if found:
                 return found, joined
         return [], body

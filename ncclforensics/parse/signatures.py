@@ -49,7 +49,7 @@ SIGNALS = {
 # keys a signature file may have; `meaning` is read by ncclforensics.vocabulary
 _KEYS = frozenset({"event", "source", "description", "prefilter", "no_match", "fields", "variants", "match",
                    "set", "weak", "meaning", "carrier", "launcher",
-                   "rank_fields", "culprit_fields", "yields_to",
+                   "rank_fields", "culprit_fields", "duplicate_of",
                    "same_meaning_as"})
 
 

@@ -31,7 +31,8 @@ def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
     if problem == "shm":
         mode = "shm_permission" if "Permission denied" in errors else "shm"
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows), ts=earliest_ts(rows),
-                fields={"what": (first.get("detail") or first["text"] or "")[:200]},
+                fields={"what": (first.get("detail") or first["text"] or "")[:200],
+                        "shm_problem": "not permitted" if mode == "shm_permission" else "too small"},
                 hosts=sorted({r["host"] for r in rows if r["host"]}), collective=Collective(),
                 confidence=1.0 if first["strength"] >= 2 else 0.6,
                 params={"mode": mode})]

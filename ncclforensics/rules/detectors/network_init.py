@@ -158,7 +158,7 @@ def nccl_init_error(ctx: Context) -> list[Hit]:
     rows = errors + warns + ctx.rows("nccl_error_trace")
     first = next((r for r in errors if r["kind"] == "nccl_error"), errors[0])
     last_error = extra(first).get("last_error") or next((r.get("detail") for r in warns), None)
-    step, step_detail, where = _init_step(ctx) or ("communicator creation", "communicator creation", None)
+    step, step_detail, where = _init_step(ctx) or ("start-up", "start-up, creating the communicator", None)
     stage = _nccl_stage(ctx, last_error)
     # torchrun --max-restarts, or the user relaunching: every attempt printed the error again, in
     # the same console or in its own attempt_<n> folder (a --tee console repeats the per-rank files)
