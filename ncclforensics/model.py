@@ -11,6 +11,7 @@ import polars as pl
 SOURCES = (
     "nccl", "c10d", "gloo", "torch_detail", "torchrun", "dataloader", "cuda",
     "python", "kernel", "slurm", "app", "flight_recorder",
+    "launcher",  # launchers other than torchrun: mp.spawn, DeepSpeed, Lightning, mpirun (FORMATS.md §18)
 )
 
 # Column -> dtype of the one event table (DESIGN.md §2). `group_rank` and `extra` are our

@@ -121,6 +121,13 @@ CASES = [
     case("dmesg-decode", "kern  :err   : 2025-06-10T03:17:42,604118+00:00 " + XID79, XID79,
          ts=dt.datetime(2025, 6, 10, 3, 17, 42, 604118)),
     case("dmesg-decode-raw-uptime", "kern  :info  : [ 88412.907331] " + XID79, XID79),
+    # dmesg -H / --reltime (util-linux dmesg.c): the minute stamp, then deltas to the line before
+    case("dmesg-H-minute", "[Jun10 03:17] " + XID79, XID79, ts=dt.datetime(Y, 6, 10, 3, 17)),
+    case("dmesg-H-minute-day-padded", "[Jun01 03:17] " + XID79, XID79, ts=dt.datetime(Y, 6, 1, 3, 17)),
+    case("dmesg-H-delta", "[  +0.000316] " + XID79, XID79, ts=None),
+    case("dmesg-H-delta-wide", "[ +12.004316] " + XID79, XID79, ts=None),
+    case("dmesg-H-delta-compact", "[+0.000316]" + XID79, XID79, ts=None),
+    case("dmesg-show-delta", "[<    0.000316>] " + XID79, XID79, ts=None),
     case("syslog", "Jun 10 03:17:42 gpu-q17 kernel: " + XID79, XID79, host="gpu-q17",
          ts=dt.datetime(Y, 6, 10, 3, 17, 42)),
     case("syslog-with-uptime", "Jun 10 03:17:42 gpu-q17 kernel: [ 912734.602118] " + XID79, XID79, host="gpu-q17",

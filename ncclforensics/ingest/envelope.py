@@ -42,6 +42,11 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     ("ray", re.compile(r"\((?:(?P<actor>[\w.]+) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\w.:\-]+))?\) ")),
     # dmesg raw `[ 912734.602118] `
     ("uptime", re.compile(r"\[ *(?P<up>\d+\.\d{3,9})\] ")),
+    # dmesg -H / --reltime (util-linux dmesg.c): `[Jun10 03:17] ` when the minute changes, else the
+    # delta since the line before `[  +0.000316] ` (some builds print `[+0.000316]`); --show-delta `[<    0.000316>] `
+    ("reltime", re.compile(
+        r"\[(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)(?P<day>\d\d) (?P<hm>\d\d:\d\d)\] ?")),
+    ("reldelta", re.compile(r"\[(?: {0,2}[+-]\d{1,9}\.\d{6}|< {0,12}\d{1,12}\.\d{6}>)\] ?")),
     # dmesg -T `[Tue Jun 10 03:17:42 2025] `
     ("ctime", re.compile(
         r"\[(?:\w{3}) (?P<mon>\w{3}) +(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ")),
@@ -247,6 +252,9 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
         env.host = env.host or g("ip")
     elif name == "uptime":
         env.uptime = float(g("up"))
+    elif name == "reltime":
+        if env.ts is None:
+            env.ts = _mmdd(f"{_MONTHS[g('mon')]}{g('day')}", g("hm") + ":00")
     elif name == "ctime":
         if env.ts is None and g("mon") in _MONTHS:
             env.ts = _date(f"{g('year')}-{_MONTHS[g('mon')]:02d}-{int(g('day')):02d}", g("hms"))
