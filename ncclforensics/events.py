@@ -655,10 +655,23 @@ def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
     return _rank_from(df, cand, allowed=world >= df["rank"].drop_nulls().n_unique(), unchecked=unchecked)
 
 
+def _line_ranks(df: pl.DataFrame) -> pl.DataFrame:
+    """A line that names its rank names it for every event on it: `[Rank 2] NCCL watchdog thread
+    terminated with exception: CUDA error: …` is rank 2's CUDA error too (FORMATS.md §3.8)."""
+    named = (df.filter(pl.col("rank").is_not_null()).group_by("file", "line")
+             .agg(pl.col("rank").n_unique().alias("_n"), pl.col("rank").first().alias("_lr"))
+             .filter(pl.col("_n") == 1).drop("_n"))
+    if named.is_empty():
+        return df
+    df = df.join(named, on=["file", "line"], how="left", maintain_order="left")
+    return df.with_columns(pl.coalesce("rank", "_lr").alias("rank")).drop("_lr")
+
+
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
     if df.is_empty():
         return df
+    df = _line_ranks(df)
     df = _srun_ranks(df)
     # Where a row ran: its node (torchrun log-dir tree, host folder), else its host, else the one host
     # its file names, else the file. Local ranks and pids mean something only within one such place.

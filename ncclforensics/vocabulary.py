@@ -175,7 +175,8 @@ def _load_spec(path: Path, root: Path) -> KindSpec:
                     meanings=meanings, description=data.get("description", ""), parser=data.get("parser"),
                     carrier=bool(data.get("carrier", False)), launcher=bool(data.get("launcher", False)),
                     rank_fields=tuple(data.get("rank_fields", ())),
-                    culprit_fields=tuple(data.get("culprit_fields", ())), duplicate_of=tuple(data.get("duplicate_of", ())),
+                    culprit_fields=tuple(data.get("culprit_fields", ())),
+                    duplicate_of=tuple(data.get("duplicate_of", ())),
                     same_meaning_as=data.get("same_meaning_as"))
 
 

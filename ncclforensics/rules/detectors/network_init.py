@@ -193,8 +193,8 @@ def nccl_init_network(ctx: Context) -> list[Hit]:
     """NCCL's own network set-up failed at init: no usable interface, a bad address family, a peer it
     could not connect to, InfiniBand devices it could not open (FORMATS.md §10.3, §20.5)."""
     rows = [r for r in ctx.causes(RootCause.NETWORK_INIT) if r["source"] == "nccl"]
-    if not rows:
-        return []
+    if not rows or ctx.training_started:
+        return []  # NCCL retried and connected: training ran after these warnings
     rows.sort(key=lambda r: (-r["strength"], r["ts"] is None, r["ts"]))
     hosts = sorted({r["host"] for r in rows if r["host"]})
     first = rows[0]
