@@ -74,10 +74,17 @@ def analyze_events(res: IngestResult) -> Analysis:
 
 
 def _first_failure(root: Finding) -> Evidence | None:
-    ev = [e for e in root.evidence if e.ts is not None]
-    if ev:
-        return min(ev, key=lambda e: e.ts)
-    return root.evidence[0] if root.evidence else None
+    """The root's own first line: a culprit's cause or work line, never a healthy rank's timeout (a
+    symptom). With only symptoms in the evidence, there is no first failure to point at."""
+    own = [e for e in root.evidence if e.role != "symptom"]
+    culprit = [e for e in own if e.rank in root.culprit_ranks] if root.culprit_ranks else []
+    for pool in (culprit, own):
+        timed = [e for e in pool if e.ts is not None]
+        if timed:
+            return min(timed, key=lambda e: e.ts)
+        if pool:
+            return pool[0]
+    return None
 
 
 def _missing_logs(ctx: Context) -> str | None:

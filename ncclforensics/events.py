@@ -667,6 +667,24 @@ def _line_ranks(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(pl.coalesce("rank", "_lr").alias("rank")).drop("_lr")
 
 
+def _node_offsets(df: pl.DataFrame) -> pl.DataFrame:
+    """torchrun gives a node's local ranks consecutive global ranks (`global_ranks=[8, …, 15]`,
+    FORMATS.md §8.1): where every known (local rank, rank) pair of a torchrun node (a --log-dir
+    tree's attempt_N/<local_rank>/ files) differs by one offset, a file of that node whose lines carry
+    no rank prefix (a busy rank's stdout.log) gets local rank + offset."""
+    tree = pl.col("extra").str.contains('"attempt"').fill_null(False)
+    known = (df.filter(tree & pl.col("rank").is_not_null() & pl.col("local_rank").is_not_null())
+             .group_by("_at").agg((pl.col("rank") - pl.col("local_rank")).unique().alias("_offs"))
+             .filter(pl.col("_offs").list.len() == 1)
+             .select("_at", pl.col("_offs").list.first().alias("_off")))
+    if known.is_empty():
+        return df
+    df = df.join(known, on="_at", how="left", maintain_order="left")
+    fill = tree & pl.col("rank").is_null() & pl.col("local_rank").is_not_null() & pl.col("_off").is_not_null()
+    return df.with_columns(pl.when(fill).then(pl.col("local_rank") + pl.col("_off")).otherwise(pl.col("rank"))
+                           .cast(pl.Int32).alias("rank")).drop("_off")
+
+
 def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
     if df.is_empty():
@@ -689,6 +707,7 @@ def _fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     # (place, local_rank) -> rank, from rows that carry both (tee + rank prefix, ChildFailedError,
     # NCCL init); a pair that maps to more than one rank says nothing.
     df = _map_rank(df, ["_at", "local_rank"])
+    df = _node_offsets(df)
     # a single-node run: local rank == global rank
     nodes = df.filter(pl.col("local_rank").is_not_null())["node"].unique().to_list()
     hosts = df["host"].drop_nulls().unique().to_list()

@@ -176,6 +176,7 @@ class Evidence:
     host: str | None = None
     ts: str | None = None
     kind: str | None = None
+    role: str | None = None  # what the line is evidence of (cause, symptom, …): its signature says
 
 
 @dataclass(frozen=True)

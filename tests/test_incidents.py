@@ -454,3 +454,31 @@ def test_a_console_of_several_workers_keeps_its_unprefixed_lines_rankless(tmp_pa
     ev = analyze_path(tmp_path / "run").ingest.events
     saves = ev.filter(pl.col("kind") == "ckpt_save")
     assert saves.height == 1 and saves["rank"].to_list() == [None]
+
+
+def test_log_dir_ties_a_busy_ranks_unprefixed_stdout_to_it(tmp_path: Path):
+    """torchrun --log-dir, 2 nodes x 4: rank 6 (node 1, local rank 2) is saving a checkpoint (HF
+    Trainer's unprefixed line in its stdout.log, nothing in stderr.log) while the others time out in
+    a one-element all-reduce (FORMATS.md §2.2, §8.1, §22). Its files carry no rank prefix at all:
+    the node's other local ranks give the offset (global ranks are consecutive per node)."""
+    run = tmp_path / "run"
+    for node in range(2):
+        for lr in range(4):
+            rank = node * 4 + lr
+            d = run / f"gpu-n0{node + 1}" / "trainrun_ab12cd34" / "attempt_0" / str(lr)
+            d.mkdir(parents=True)
+            out = [f"{{'loss': 1.{rank}12, 'learning_rate': 2e-05, 'epoch': 0.98}}"]
+            if rank == 6:
+                (d / "stdout.log").write_text("\n".join(out) + "\nSaving model checkpoint to /out/checkpoint-1000\n")
+                (d / "stderr.log").write_text("")
+                continue
+            (d / "stdout.log").write_text("\n".join(out) + "\n")
+            (d / "stderr.log").write_text(
+                f"[rank{rank}]:[E0612 03:10:00.{rank:09d} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "
+                "collective operation timeout: WorkNCCL(SeqNum=8801, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                "Timeout(ms)=1800000) ran for 1800071 milliseconds before timing out.\n")
+    v = verdict(run)
+    assert (v.root_cause, v.culprit_ranks) == (RootCause.CHECKPOINT_SAVE, [6]), (v.rule, v.title)
+    assert (v.collective.op_type, v.collective.seq) == ("ALLREDUCE", 8801)
+    ff = analyze_path(run).diagnosis.first_failure
+    assert ff is not None and ff.rank == 6 and "Saving model checkpoint" in ff.text

@@ -37,7 +37,7 @@ def _iso(ts) -> str | None:
 
 def evidence_of(rows: list[dict]) -> list[Evidence]:
     return [Evidence(file=r["file"], line=int(r["line"] or 0), text=r["text"] or "", rank=r["rank"],
-                     host=r["host"], ts=_iso(r["ts"]), kind=r["kind"]) for r in rows]
+                     host=r["host"], ts=_iso(r["ts"]), kind=r["kind"], role=r.get("role")) for r in rows]
 
 
 def _fixes(rule: Rule, hit: Hit) -> list[Fix]:
