@@ -17,7 +17,7 @@ def checkpoint_exception(ctx: Context) -> list[Hit]:
     named = sorted({rk for r in rows for rk in culprits_named(r)})
     culprits, conf, notes = (named, 1.0, []) if named else attribute(ctx, rows)
     first = rows[0]
-    return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows), ts=first["ts"], confidence=max(conf, 0.8),
+    return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows), ts=first["ts"], confidence=conf,
                 notes=notes,
                 fields={"exc": (first.get("detail") or first["text"] or "")[:200], **rank_fields(culprits),
                         "aftermath": aftermath(ctx, culprits)},

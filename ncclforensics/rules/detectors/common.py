@@ -139,15 +139,16 @@ def aftermath(ctx: Context, culprits: list[int]) -> str:
 # -- attribution ---------------------------------------------------------------------------
 def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[str]]:
     """Ranks of `rows`; rows without a rank go to the one rank that died on its own, if unique.
-    Returns (culprits, confidence factor, notes)."""
+    Returns (culprits, confidence factor, notes). Confidence is about the class, which a missing
+    rank does not make less certain: the factor stays 1."""
     ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
     if ranks:
         return ranks, 1.0, []
     own = sorted(ctx.self_failures)
     if len(own) == 1:
-        return own, 0.85, [f"a line without a rank prefix was attributed to rank {own[0]}, "
-                           "the only rank that failed on its own"]
-    return [], 0.6, []
+        return own, 1.0, [f"a line without a rank prefix was attributed to rank {own[0]}, "
+                          "the only rank that failed on its own"]
+    return [], 1.0, []
 
 
 def peer_symptoms(ctx: Context, culprits: list[int], limit: int = 3) -> list[dict]:

@@ -42,7 +42,6 @@ def class_evidence(ctx: Context, cls: str) -> list[Hit]:
         culprits, factor, notes = named, 1.0, []
     else:
         culprits, factor, notes = attribute(ctx, best)
-        factor = 1.0 if factor == 1.0 else 0.9
     first = best[0]
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + ctx.symptoms()[:3]), ts=earliest_ts(best),
                 collective=stuck_collective(ctx), confidence=STRENGTH_CONFIDENCE[top] * factor, notes=notes,

@@ -1,0 +1,170 @@
+"""The three design faults of issue 18, each on constructed pastes in FORMATS.md shapes:
+evidence without a rank still counts; every wording and carrier of a message is recognised; and the
+verdict is `unknown` only when the logs hold no cause and no symptom."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ncclforensics.analysis import analyze_path
+from ncclforensics.model import RootCause
+
+
+def verdict(tmp_path: Path, text: str, name: str = "console.log"):
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / name).write_text(text if text.endswith("\n") else text + "\n")
+    return analyze_path(run).diagnosis.verdict
+
+
+# -- 1. evidence without a rank prefix ------------------------------------------------------
+RANKLESS = [
+    # NCCL's own allocation failing (host:pid:tid names no global rank: FORMATS.md §10.1, §10.3)
+    ("oom", "gpu-q17:58213:58391 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes"),
+    # a one-sided DETAIL mismatch without a rank prefix (§7.1, 1.10-1.12)
+    ("rank_divergence", "RuntimeError: Detected mismatch between collectives on ranks. Rank 2 is running "
+                        "inconsistent collective: CollectiveFingerPrint(OpType=BROADCAST, TensorShape=[4]"),
+    # a traceback through a save function, no rank anywhere (§22)
+    ("checkpoint_save", 'Traceback (most recent call last):\n  File "/srv/train.py", line 88, in <module>\n'
+                        "    main()\n  File \"/venv/site-packages/transformers/trainer.py\", line 2383, in "
+                        "_save_checkpoint\n    os.rename(staging_output_dir, output_dir)\n"
+                        "FileExistsError: [Errno 17] File exists: '/out/tmp-checkpoint-500'"),
+    # CUDA runtime OOM at communicator creation (§19.2)
+    ("oom", "RuntimeError: CUDA error: out of memory"),
+]
+
+
+@pytest.mark.parametrize(("cls", "text"), RANKLESS, ids=[c for c, _ in RANKLESS])
+def test_rankless_evidence_gives_its_class_and_no_culprit(tmp_path: Path, cls: str, text: str):
+    v = verdict(tmp_path, text)
+    assert v.root_cause.value == cls, (v.rule, v.title)
+    assert v.culprit_ranks == []
+
+
+def test_ranks_named_in_the_text_are_the_culprits(tmp_path: Path):
+    """NCCL names both ranks on one GPU (§20.2), after `Last error:` and without a prefix."""
+    v = verdict(tmp_path, "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                          "NCCLUtils.hpp:317, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version "
+                          "2.21.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+                          "Last error:\nDuplicate GPU detected : rank 5 and rank 1 both on CUDA device 3d000")
+    assert (v.root_cause, v.culprit_ranks) == (RootCause.LAUNCH_CONFIG, [1, 5])
+
+
+def test_a_fingerprint_names_the_ranks_seen(tmp_path: Path):
+    res = analyze_path(_write(tmp_path, "RuntimeError: Detected mismatch between collectives on ranks. Rank 3 is "
+                                        "running collective: CollectiveFingerPrint(SequenceNumber=40, "
+                                        "OpType=ALLREDUCE, TensorShape=[1]"))
+    assert 3 in res.diagnosis.facts.ranks_seen
+    v = res.diagnosis.verdict
+    assert (v.collective.op_type, v.collective.seq) == ("ALLREDUCE", 41)  # SequenceNumber + 1 (§7.1)
+
+
+def test_the_absent_rank_with_the_main_processs_work_line(tmp_path: Path):
+    """Ranks 1-3 time out; rank 0 shows no line of its own; the unprefixed evaluation line is the main
+    process's (FORMATS.md §3.6, §22): rank 0 lagged."""
+    v = verdict(tmp_path, "Evaluating on the validation set...\n" + "".join(
+        f"[E ProcessGroupNCCL.cpp:821] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, "
+        "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1803391 milliseconds before timing out.\n" for r in (1, 2, 3)))
+    assert (v.root_cause, v.culprit_ranks) == (RootCause.RANK_DIVERGENCE, [0]), v.rule
+
+
+# -- 2. every wording and carrier ------------------------------------------------------------
+WORDINGS = [
+    # NCCL text after `Last error:` only (§20.1)
+    ("network_init", "ncclInternalError: Internal check failed.\nLast error:\nBootstrap : no socket interface found"),
+    # NCCL <= 2.9 socket text, no NCCL WARN head, no address (§20.3)
+    ("network_runtime", "Net : Connection closed by remote peer\nNET/IB : Got completion with error 12, opcode 0, "
+                        "len 0, vendor err 129"),
+    # a paste that lost its line breaks (§1.8)
+    ("network_runtime", "[E ProcessGroupNCCL.cpp:455] Some NCCL operations have failed or timed out. terminate "
+                        "called after throwing an instance of 'std::runtime_error' what(): NCCL error: remote process "
+                        "exited or there was a network error, NCCL version 2.14.3 ncclRemoteError: A call failed "
+                        "possibly due to a network error or a remote process exiting prematurely. Last error: NET/IB : "
+                        "Got completion from peer 10.1.2.3<39138> with error 12, opcode 0, len 0, vendor err 129"),
+    # an Xid with a redacted address (§21.4) and a follow-up Xid naming its cause (§12.1)
+    ("gpu_hardware", "kernel: NVRM: Xid (PCI:...): 79, pid=<unknown>, name=<unknown>, GPU has fallen off the bus."),
+    ("gpu_hardware", "kernel: NVRM: Xid (PCI:0000:5d:00): 45, pid=1811, name=python3, Ch 00000002 caused by previous "
+                     "Xid 74"),
+    # nvidia-smi, no Xid (§21.1)
+    ("gpu_hardware", "Unable to determine the device handle for GPU 0000:4E:00.0: Unknown Error"),
+    # torch 1.x THC error string (§19.1)
+    ("rank_crash", "RuntimeError: cuda runtime error (59) : device-side assert triggered at "
+                   "/pytorch/aten/src/THC/generic/THCTensorMath.cu:29"),
+    # /dev/shm in NCCL 2.4-2.7 words (checks.h SYSCHECK; §10.3)
+    ("launch_config", "include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device"),
+    # a privileged store port (§9.5)
+    ("network_init", "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                     "address. The server socket has failed to bind to [::]:99 (errno: 13 - Permission denied)."),
+    # a c10d name-resolution failure (§9.5)
+    ("network_init", "[W socket.cpp:601] [c10d] The IPv6 network addresses of (trainer-0, 29500) cannot be retrieved "
+                     "(gai error: -3 - Temporary failure in name resolution)."),
+]
+
+
+@pytest.mark.parametrize(("cls", "text"), WORDINGS, ids=[f"{i}-{c}" for i, (c, _) in enumerate(WORDINGS)])
+def test_each_wording_is_recognised(tmp_path: Path, cls: str, text: str):
+    v = verdict(tmp_path, text)
+    assert v.root_cause.value == cls, (v.rule, v.title)
+
+
+LAUNCHERS = [
+    # DeepSpeed (§18.5): the argv names the last spawned child, not the failed one
+    "[2024-02-24 04:37:51,021] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+    "'--local_rank=7'] exits with return code = -11",
+    # torch.distributed.launch <= 1.8 (§18.2)
+    "subprocess.CalledProcessError: Command '['/opt/conda/bin/python', '-u', 'train.py', '--local_rank=1']' died "
+    "with <Signals.SIGSEGV: 11>.",
+    # mp.spawn (§18.4)
+    "torch.multiprocessing.spawn.ProcessExitedException: process 3 terminated with signal SIGSEGV",
+    # Open MPI (§18.8)
+    "mpirun noticed that process rank 13 with PID 58219 on node gpu-q18 exited on signal 11 (Segmentation fault).",
+]
+
+
+@pytest.mark.parametrize("text", LAUNCHERS, ids=["deepspeed", "launch", "spawn", "mpirun"])
+def test_each_launchers_exit_report_gives_a_crash(tmp_path: Path, text: str):
+    v = verdict(tmp_path, text)
+    assert v.root_cause is RootCause.RANK_CRASH, (v.rule, v.title)
+    assert "--local_rank" not in " ".join(map(str, v.culprit_ranks))
+
+
+def test_the_deepspeed_argv_never_names_the_culprit(tmp_path: Path):
+    v = verdict(tmp_path, "[ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+                          "'--local_rank=1'] exits with return code = -9")
+    assert v.culprit_ranks == []
+
+
+# -- 3. unknown only without cause or symptom -------------------------------------------------
+@pytest.mark.parametrize(("cls", "text"), [
+    ("gpu_hardware", "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
+    ("launch_config", "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 40"),
+    ("dataloader_abort", "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+                         "shared memory (shm)."),
+])
+def test_one_decisive_line_is_enough(tmp_path: Path, cls: str, text: str):
+    v = verdict(tmp_path, text)
+    assert v.root_cause.value == cls
+    assert v.confidence >= 0.8
+
+
+def test_symptoms_only_get_the_class_their_shape_suggests_at_low_confidence(tmp_path: Path):
+    v = verdict(tmp_path, "[E ProcessGroupNCCL.cpp:821] [Rank 3] Watchdog caught collective operation timeout: "
+                          "WorkNCCL(SeqNum=4178, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1803391 milliseconds "
+                          "before timing out.")
+    assert v.root_cause is RootCause.RANK_DIVERGENCE and v.confidence < 0.5
+    assert v.doc.get("what_it_detects")
+
+
+def test_a_log_without_failure_is_unknown(tmp_path: Path):
+    v = verdict(tmp_path, "[rank0]: step 10 loss 1.52\n[rank0]: step 11 loss 1.49\n"
+                          "[rank0]: saving checkpoint to /ckpt\n")
+    assert v.root_cause is RootCause.UNKNOWN and v.confidence == 0.0
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / "console.log").write_text(text + "\n")
+    return run
