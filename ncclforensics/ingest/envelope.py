@@ -67,6 +67,14 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     ("kernhost", re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]{0,253}) kernel: ")),
     # /dev/kmsg `4,88213,912734602118,-;` (prio is facility*8+level; newer kernels add `,caller=T12`)
     ("kmsg", re.compile(r"\d{1,3},\d+,(?P<usboot>\d+),[^;]{0,40};")),
+    # DeepSpeed's logger after its `[<date> <time>,<ms>] ` stamp (the `iso` peeler takes that):
+    # `[INFO] [launch.py:315:sigkill_handler] `; its log_dist adds the global rank `[Rank 0] ` (§18.5)
+    ("dslog", re.compile(
+        r"\[(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL)\] \[[\w.\-]+\.py:\d+:(?P<fn>\w+)\] "
+        r"(?:\[Rank (?P<dsr>-?\d+)\] )?")),
+    # pdsh `<host>: ` before every remote line of a multi-node DeepSpeed run (§18.5); a host name
+    # here starts lower-case and holds a digit (`gpu-a12`, `trainer-2`), unlike `RuntimeError: `
+    ("pdsh", re.compile(r"(?P<host>[a-z][a-z0-9\-]{0,40}\d[a-z0-9\-]{0,20}(?:\.[a-z0-9\-]{1,40}){0,5}): (?=\S)")),
     # srun --label ` 7: ` / `P1 7: `; the line after it may start with spaces (traceback frames)
     ("srun", re.compile(r"(?:P\d+ +)? *(?P<task>\d{1,6}): (?=[^\n])")),
     # app formats: `- train - INFO - `, `INFO `, `INFO: `, `[Rank 0/4] `, `[rank 0] `, `[rank1] `
@@ -95,7 +103,7 @@ _GLUED = re.compile(
 # What a later piece of one physical line (after a CR or a glued envelope) takes over from the
 # piece before it when it has no value of its own: the same writer produced both.
 _INHERITED = ("host", "pid", "ts", "task", "rank", "local_rank", "world")
-_LAUNCHERS = ("tee", "mpi", "ray", "srun", "hostrank")
+_LAUNCHERS = ("tee", "mpi", "ray", "srun", "hostrank", "pdsh")
 
 PID_MAX = 4_194_304  # above this, a pylog number is a thread id (torch 2.3-2.4), not a pid
 AGENT_PATHS = ("torch/distributed/run.py", "torch/distributed/elastic", "torch/distributed/launcher")
@@ -279,6 +287,15 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
                 or env.sev is not None):
             return False  # a label comes first; a number later in the line is message text
         env.task = int(g("task"))
+    elif name == "dslog":
+        env.sev = env.sev or g("lvl")[0]
+        if g("dsr") is not None and int(g("dsr")) >= 0 and env.rank is None:
+            env.rank = int(g("dsr"))
+        env.agent = env.agent or g("fn") in ("sigkill_handler", "main")
+    elif name == "pdsh":
+        if env.ts is not None or env.sev is not None or env.rank is not None or key_started(env):
+            return False  # pdsh's prefix comes first on the line
+        env.host = g("host")
     elif name == "applvl":
         env.sev = env.sev or g("lvl")[0]
     elif name == "apprank":
@@ -287,6 +304,11 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
         if g("aw"):
             env.world = int(g("aw"))
     return True
+
+
+def key_started(env: Envelope) -> bool:
+    """Whether an envelope was peeled already (launcher prefixes only come first)."""
+    return bool(env.key or env.task is not None or env.local_rank is not None or env.pid is not None)
 
 
 def peel_all(line: str) -> list[Envelope]:

@@ -229,8 +229,14 @@ def _still_in(news: list[dict], kind: str) -> bool:
 
 
 def _save_done(row: dict) -> bool:
+    """A save's completion line (FORMATS.md §22): `successfully saved`, `Saved <file>.`, `is ready now!`,
+    `Model saved to`, `Model weights saved in` — not the small files written first (`Configuration
+    saved in …/config.json`, tokenizer files), which come before the weights."""
     verb = str(extra(row).get("verb") or "").lower()
-    return verb.startswith(("saved", "wrote", "written", "successfully", "finished", "done", "is ready"))
+    if not verb.startswith(("saved", "wrote", "written", "successfully", "finished", "done", "is ready")):
+        return False
+    text = str(row.get("detail") or row.get("text") or "").lower()
+    return not any(w in text for w in ("config", "tokenizer", "special tokens", "generation_config"))
 
 
 def _timed_to(ctx: Context, work: dict) -> bool:
@@ -280,13 +286,14 @@ def laggard(ctx: Context, require: str | None = None, exclude: str | None = None
     if absent and not (seen - waiting - crashed) and s.source in ("watchdog", "flight_recorder", "none"):
         if MAIN_RANK in absent and rankless:
             lag[MAIN_RANK] = "it is absent from the timeouts, and the main process's last line is its own work"
-            adopted[MAIN_RANK] = rankless
-            notes.append(f"work lines without a rank prefix were taken as rank {MAIN_RANK}'s: frameworks print "
-                         "saves, evaluations and progress from the main process, and rank 0 shows no timeout")
         elif len(absent) <= max(1, len(waiting) // 3):
             for rank in absent:
                 lag.setdefault(rank, "every rank seen waits in the collective, and this one left no line")
     lag = {r: why for r, why in lag.items() if r not in crashed}
+    if MAIN_RANK in lag and rankless:
+        adopted[MAIN_RANK] = rankless
+        notes.append(f"work lines without a rank prefix were taken as rank {MAIN_RANK}'s: frameworks print saves, "
+                     f"evaluations and progress from the main process, and rank {MAIN_RANK} was not in the collective")
     if not lag or len(lag) >= max(len(waiting), 1) + (1 if len(waiting) == 1 else 0):
         return []  # a laggard is a minority of the ranks
     news = {rank: _news(ctx, rank, adopted.get(rank, [])) for rank in lag}
