@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncclforensics.errors import NoInputError, UsageError
-from ncclforensics.scan.discover import RunSpec, find_runs
+from ncclforensics.scan.discover import RunSpec, find_runs, list_runs, run_files
 from ncclforensics.scan.worker import read_result
 
-__all__ = ["ENGINES", "RunSpec", "ScanResult", "find_runs", "scan", "scan_command"]
+__all__ = ["ENGINES", "RunSpec", "ScanResult", "find_runs", "list_command", "list_runs", "scan", "scan_command"]
 
 ENGINES = ("process", "ray")
 
@@ -212,4 +212,46 @@ def scan_command(root: Path, out_dir: Path, *, jobs: int | None = None, depth: i
         failed = f", {res.errors:,} could not be analyzed" if res.errors else ""
         sys.stderr.write(f"Scanned {plural(res.runs, 'run')} ({res.analyzed:,} analyzed, {res.cached:,} unchanged"
                          f"{failed}) in {res.seconds:.1f} s: {res.index_html}\n")
+    return 0
+
+
+def list_text(root: Path, *, depth: int | None = None, glob: str | None = None, files_shown: int = 8) -> str:
+    """`scan --list`: the runs under ROOT, each with its files, why they were grouped and what their
+    logs say (launches, world size, master, time span), then the files that are no run and why."""
+    from ncclforensics.report.words import human_bytes
+
+    root = Path(root)
+    if not root.exists():
+        raise NoInputError(f"no such file or folder: {root}")
+    specs, ignored = list_runs(root, depth=depth, glob=glob)
+    if not specs:
+        how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
+               else "(folders holding logs, archives, log files)")
+        raise NoInputError(f"no runs found under {root} {how}")
+    out = [f"{len(specs)} run{'s' if len(specs) != 1 else ''} under {root}"
+           + (f"; {len(ignored)} file{'s' if len(ignored) != 1 else ''} that are no run" if ignored else ""), ""]
+    for s in specs:
+        out.append(f"{s.rel}  ({s.kind}, {s.nfiles} file{'s' if s.nfiles != 1 else ''}, {human_bytes(s.size)})")
+        for i, w in enumerate(s.why):
+            out.append(f"  {'why ' if i == 0 else '    '}  {w}")
+        if s.ids:
+            out.append(f"  logs  {s.ids}")
+        files = run_files(s)
+        shown = "; ".join(files[:files_shown]) + (f"; and {len(files) - files_shown} more" if len(files) > files_shown
+                                                   else "")
+        out.append(f"  files {shown}")
+        out.append("")
+    if ignored:
+        out.append("not runs:")
+        width = min(60, max(len(r) for r, _ in ignored))
+        out += [f"  {r:<{width}}  {why}" for r, why in ignored]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def list_command(root: Path, *, depth: int | None = None, glob: str | None = None) -> int:
+    """The `ncclforensics scan --list` command: print list_text to stdout; exit code 0."""
+    import sys
+
+    sys.stdout.write(list_text(root, depth=depth, glob=glob))
+    sys.stdout.flush()
     return 0
