@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncclforensics.errors import NoInputError, UsageError
-from ncclforensics.scan.discover import RunSpec, find_runs, list_runs, run_files
+from ncclforensics.scan.discover import IdentityCache, RunSpec, find_runs, list_runs, run_files
 from ncclforensics.scan.worker import read_result
 
 __all__ = ["ENGINES", "RunSpec", "ScanResult", "find_runs", "list_command", "list_runs", "scan", "scan_command"]
 
 ENGINES = ("process", "ray")
+IDENTITY_CACHE = ".identities.json"  # in OUTDIR: the run-identity samples of the last scan
 
 
 @dataclass
@@ -139,7 +140,8 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
         raise NoInputError(f"no such file or folder: {root}")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a folder")
-    specs = find_runs(root, depth=depth, glob=glob, skip=out)  # before OUTDIR is made: nothing written yet
+    cache = IdentityCache(out / IDENTITY_CACHE, root.absolute()) if depth is None and glob is None else None
+    specs = list_runs(root, depth=depth, glob=glob, skip=out, cache=cache)[0]  # before OUTDIR is made
     if not specs:
         how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
                else "(folders holding logs, archives, log files)")
@@ -154,6 +156,8 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
     out.mkdir(parents=True, exist_ok=True)
     lock = _Lock(out)
     try:
+        if cache is not None:
+            cache.save()
         for stale in out.glob(".*.tmp"):  # a summary write cut short by a kill
             stale.unlink(missing_ok=True)
         result = ScanResult(out_dir=out, runs=len(specs))

@@ -22,7 +22,8 @@ ids, world sizes, master address, NCCL commIds, Slurm jobs, ranks, time spans).
    plain sub-folder, if it has only one: a job folder with console.log and one log folder). A folder
    with two or more plain sub-folders is a collection: each of them is a run, and so is each of its
    own log files unless parts or per-host folders are there to take them. ROOT's own files are runs
-   each (a lone `console.log.gz`) unless parts or per-host folders climbed to ROOT.
+   each (a lone `console.log.gz`) unless log containers show that ROOT is itself a run folder; a lone
+   per-host folder at ROOT is a run under its own name.
 3. The logs decide. Items proposed as one run are split where their identities conflict (identity.
    conflicts: different run ids, Slurm jobs or world sizes, no NCCL commId in common, time spans far
    apart or a torchrun launch after the other side had ended, all ranks from one launch beside another
@@ -57,6 +58,7 @@ import datetime as dt
 import functools
 import hashlib
 import itertools
+import json
 import os
 import re
 import stat
@@ -69,13 +71,13 @@ from ncclforensics.ingest import archive
 from ncclforensics.ingest.discover import display_name
 from ncclforensics.scan.identity import (
     DOC_NAMES,
-    HEAD_BYTES,
     Identity,
     agent_dir_identity,
     conflicts,
-    file_identity,
+    identities,
     is_loopback,
     links,
+    looks_like_log,
 )
 
 _SIDECAR_SUFFIXES = (".json", ".csv", ".tsv")
@@ -180,6 +182,46 @@ class Plan:
     ignored: list[tuple[str, str]]  # (path relative to root, reason)
 
 
+class IdentityCache:
+    """Identities of the files of an earlier scan, by path relative to ROOT, size and mtime: an unchanged
+    re-scan samples nothing again. Stored in OUTDIR with the analyzer fingerprint (new code: new samples)."""
+
+    def __init__(self, path: Path, root: Path) -> None:
+        self.path, self.root = path, root
+        self.old: dict[str, list] = {}
+        self.new: dict[str, list] = {}
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if doc.get("fingerprint") == analyzer_fingerprint() and isinstance(doc.get("files"), dict):
+                self.old = doc["files"]
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def get(self, p: Path, size: int, mtime: int) -> Identity | None:
+        key = p.relative_to(self.root).as_posix()
+        hit = self.old.get(key)
+        if not hit or hit[0] != size or hit[1] != mtime:
+            return None
+        try:
+            ident = Identity.from_json(hit[2])
+        except (KeyError, TypeError, ValueError):
+            return None
+        self.new[key] = hit
+        return ident
+
+    def put(self, p: Path, size: int, mtime: int, ident: Identity) -> None:
+        self.new[p.relative_to(self.root).as_posix()] = [size, mtime, ident.to_json()]
+
+    def save(self) -> None:
+        """Write the identities of the files seen this time (atomically; a failed write is no error)."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps({"fingerprint": analyzer_fingerprint(), "files": self.new}), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+
 @dataclass
 class _Item:
     name: str  # entry name in its folder
@@ -207,10 +249,27 @@ def _role(d: Path, root: Path, tree: dict[Path, _Dir]) -> str:
 class _Grouper:
     """The default rule (module docstring): names propose, the logs' identities decide."""
 
-    def __init__(self, root: Path, tree: dict[Path, _Dir], prior: str) -> None:
+    def __init__(self, root: Path, tree: dict[Path, _Dir], prior: str, cache: IdentityCache | None = None) -> None:
         self.root, self.tree, self.prior = root, tree, prior
         self.ignored: list[tuple[str, str]] = []
         self.done: list[Found] = []  # runs decided below a folder that holds several
+        # every log file's identity: from the cache when its size and mtime are unchanged, the others
+        # sampled in one batch (identity.identities)
+        logs = [(d / f, f, size, mtime) for d, node in tree.items()
+                if not any(p.startswith(".") for p in d.relative_to(root).parts)
+                for f, size, mtime in node.files if is_log_file(f)]
+        self.idents: dict[Path, Identity] = {}
+        todo = []
+        for p, f, size, mtime in logs:
+            hit = cache.get(p, size, mtime) if cache is not None else None
+            if hit is not None:
+                self.idents[p] = hit
+            else:
+                todo.append((p, f, size, mtime))
+        for (p, _, size, mtime), ident in zip(todo, identities([t[:3] for t in todo]), strict=True):
+            self.idents[p] = ident
+            if cache is not None:
+                cache.put(p, size, mtime, ident)
 
     def rel(self, p: Path) -> str:
         return "." if p == self.root else display_name(p.relative_to(self.root).as_posix())
@@ -227,14 +286,14 @@ class _Grouper:
         archives: list[Found] = []
         split_below = False
         agent = agent_dir_identity(d.name) if any(_ATTEMPT.match(s) for s in node.subdirs) else None
-        for fname, size, mtime in node.files:
+        for fname, _size, _ in node.files:
             if fname.startswith("."):
                 continue
             p = d / fname
             if archive.is_archive(fname):
                 archives.append(Found(p, (), "archive", Identity(), [f"{fname}: an archive is read as one run"]))
             elif is_log_file(fname):
-                ident = file_identity(p, fname, size, mtime)
+                ident = self.idents[p]
                 items.append(_Item(fname, "own", Found(p, (), "file", ident), ident, is_lone_log(fname)))
         for sub in node.subdirs:
             if sub.startswith("."):
@@ -274,7 +333,8 @@ class _Grouper:
         else:
             joint, alone = list(parts), list(opaque)
             collection = d == self.root or len(plain) >= 2
-            if not collection or joint:
+            containers = any(i.role == "part" for i in parts)
+            if not collection or (containers if d == self.root else joint):
                 joint += own
             else:
                 alone += own
@@ -372,7 +432,8 @@ class _Grouper:
         members, why = group
         ident = _ident_of(members)
         one = members[0] if len(members) == 1 else None
-        if one is not None and (one.role in ("plain", "opaque") or (one.role != "own" and several)):
+        if one is not None and (one.role in ("plain", "opaque") or (one.role != "own" and several)
+                                or (one.role == "host" and d == self.root)):
             f = one.run  # a sub-folder's run (a part of this folder's run only when the folder is one run)
             return Found(f.base, f.members, f.kind, f.ident, why + f.why)
         if all(i.role == "own" for i in members):
@@ -407,13 +468,13 @@ class _Grouper:
             return "metadata beside runs (.json/.csv/.tsv)"
         if DOC_NAMES.match(archive.strip_compression(it.name)):
             return "notes, not a log"
-        if it.ident.loggy or not it.ident.silent or _has_signature_text(p):
+        if it.ident.loggy or not it.ident.silent or looks_like_log(p, it.name):
             return None
         return "no log lines"
 
 
 def _distance(a: Identity, b: Identity) -> float:
-    if a.first is None or b.first is None or (a.first.year == 1) != (b.first.year == 1):
+    if a.first is None or b.first is None:
         return float("inf")
     return abs((a.first - b.first).total_seconds())
 
@@ -444,21 +505,6 @@ def _ident_of(items: list[_Item]) -> Identity:
 def _names(names) -> str:
     shown = sorted(names)
     return ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
-
-
-def _has_signature_text(p: Path) -> bool:
-    """Whether the head of a file holds any literal of the analyzer's signatures (a pasted console
-    output without timestamps or prefixes still names its errors)."""
-    from ncclforensics.parse.signatures import load_signatures
-
-    try:
-        with open(p, "rb") as fh:
-            comp = archive.compression_of(p.name)
-            stream = archive.decompressing(fh, comp, None, p.name) if comp else fh
-            text = stream.read(HEAD_BYTES).decode("utf-8", "replace")
-    except Exception:
-        return False
-    return any(a in text for a in load_signatures().anchors)
 
 
 def run_files(spec: RunSpec) -> list[str]:
@@ -644,8 +690,8 @@ def find_runs(root: Path, *, depth: int | None = None, glob: str | None = None,
     return list_runs(root, depth=depth, glob=glob, skip=skip)[0]
 
 
-def list_runs(root: Path, *, depth: int | None = None, glob: str | None = None,
-              skip: Path | None = None) -> tuple[list[RunSpec], list[tuple[str, str]]]:
+def list_runs(root: Path, *, depth: int | None = None, glob: str | None = None, skip: Path | None = None,
+              cache: IdentityCache | None = None) -> tuple[list[RunSpec], list[tuple[str, str]]]:
     """(runs, ignored): the runs sorted by path and the files that are no run, with the reason."""
     if depth is not None and glob is not None:
         raise UsageError("use either --depth or --glob, not both")
@@ -664,7 +710,7 @@ def list_runs(root: Path, *, depth: int | None = None, glob: str | None = None,
         elif glob is not None:
             found = [Found(p, (), k, Identity(), [f"--glob {glob}"]) for p, k in _glob_runs(root, glob, skip)]
         else:
-            plan = _Grouper(root, tree, "scan").plan()
+            plan = _Grouper(root, tree, "scan", cache).plan()
             found, ignored = plan.runs, plan.ignored
     fp = analyzer_fingerprint()
     override = depth is not None or glob is not None
