@@ -257,3 +257,23 @@ def test_rescan_uses_the_identity_cache_and_sees_changed_files(tmp_path):
     assert res.runs == 2
     rows = pl.read_parquet(out / "summary.parquet")
     assert sorted(rows["path"].to_list()) == ["job/node0", "job/node1"]
+
+
+def test_torchrun_restarts_stay_one_run(tmp_path):
+    """attempt_0 and attempt_1 of one agent's log folder: new communicators, even a new world size
+    (elastic), hours apart — still one run (the first attempt's failure is part of it)."""
+    agent = tmp_path / "archive" / "job" / "torchrun_logs" / "job42_k3x9q0ab"
+    for attempt, comm, nranks, hhmm in ((0, "0xaaaa", 4, "07:00"), (1, "0xbbbb", 2, "09:30")):
+        d = agent / f"attempt_{attempt}" / "0"
+        d.mkdir(parents=True)
+        (d / "stdout.log").write_text(
+            f"gpu-q17:100:101 [0] NCCL INFO comm 0x55 rank 0 nranks {nranks} cudaDev 0 busId 18000 commId {comm}"
+            " - Init COMPLETE\n")
+        (d / "stderr.log").write_text(
+            f"[rank0]:[E1122 {hhmm}:00.000000001 ProcessGroupNCCL.cpp:665] [Rank 0] Watchdog caught collective "
+            "operation timeout\n")
+    (tmp_path / "archive" / "job" / "console.log").write_text(
+        "W1122 06:59:58.000000 99 torch/distributed/run.py:766] *****************************************\n")
+    specs = find_runs(tmp_path / "archive")
+    assert [s.rel for s in specs] == ["job"] and specs[0].nfiles == 5
+    assert "run id job42" in specs[0].ids

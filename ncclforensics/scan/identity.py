@@ -113,6 +113,9 @@ _YEAR_RS = r"(?:^|[^\d])(?:19|20)\d\d-[01]\d-[0-3]\d[T ][0-2]\d:"
 _YEAR = re.compile(r"(?:19|20)\d\d")
 LAST_LOOK = 8192
 MAX_CANDIDATES = 4000  # identity lines read per sample
+_WORD_BEFORE = re.compile(r"([A-Za-z]+)[ \-]$")
+_QUALIFIERS = frozenset({"local", "parallel", "group", "node", "pipeline", "expert", "tensor", "data", "model",
+                         "context", "sequence", "role"})
 _CLOCK = re.compile(r":\d\d:\d\d")  # the end of a time of day: lines worth parsing for a stamp
 # Literals of the lines _scan_candidates reads (every regex above has one of them in each variant).
 _LITERALS = (  # lower case: the lines are found case-blind
@@ -413,10 +416,8 @@ def _scan_candidates(ident: Identity, text: str, year: int) -> None:
                     ident.launches.add((None, ts))
         if "world" in low or "options: size" in low or "init complete" in low:
             for m in _WORLD.finditer(line):
-                if m.group("n") is not None and (line[max(0, m.start() - 6):m.start()].lower() == "local "
-                                                 or (m.start() and (line[m.start() - 1].isalnum()
-                                                                    or line[m.start() - 1] == "_"))):
-                    continue  # local_world_size, group_world_size, "local world size"
+                if m.group("n") is not None and _qualified(line, m.start()):
+                    continue  # local_world_size, group_world_size, "data parallel world size"
                 n = int(next(g for g in m.groups() if g is not None))
                 if 0 < n <= 10_000_000:
                     ident.worlds.add(n)
@@ -447,6 +448,15 @@ def _scan_candidates(ident: Identity, text: str, year: int) -> None:
                 ident.ranks.update(int(x) for x in _DIGITS.findall(m.group("r")))
         if "  host " in low or "init complete" in low:
             ident.hosts.update((m.group("h") or m.group("c")).split(".")[0].lower() for m in _HOST.finditer(line))
+
+
+def _qualified(line: str, at: int) -> bool:
+    """Whether the `world size` at `at` is some group's (`local_world_size`, `tensor parallel world
+    size`), not the job's."""
+    if at and (line[at - 1].isalnum() or line[at - 1] == "_"):
+        return True
+    m = _WORD_BEFORE.search(line, max(0, at - 24), at)
+    return m is not None and m.group(1).lower() in _QUALIFIERS
 
 
 def _last_ts(text: str, year: int) -> dt.datetime | None:
@@ -544,6 +554,8 @@ def is_loopback(addr: str) -> bool:
 
 def conflicts(a: Identity, b: Identity) -> list[str]:
     """Why a ("here") and b ("there") cannot be parts of one run (empty: nothing says so)."""
+    if a.agents & b.agents:
+        return []  # one torchrun agent's log folder: its restarts (attempt_N) are one run, whatever changed
     why = []
     if a.run_ids and b.run_ids and not a.run_ids & b.run_ids:
         why.append(f"different run ids ({_few(a.run_ids)} here, {_few(b.run_ids)} there)")
