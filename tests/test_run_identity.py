@@ -128,7 +128,8 @@ def test_scan_list_shows_runs_files_and_why(tmp_path):
     assert out.startswith(f"2 runs under {root}; 1 file that are no run")
     for rel in ("rank7-crash-0412  (folder, 13 files", "node3-oom-retry  (folder, 1 file"):
         assert rel in out
-    assert "one run by their names, but their logs tell 2 runs apart" in out
+    assert ("names propose one run: node3-oom-retry/, rank7-crash-0412/ (per-host/per-rank folders by name); "
+            "their logs tell 2 runs apart") in out
     assert "different world sizes" in out  # 3 ranks vs 4
     assert "files console.log; fr_trace/ (3 files); fr_trace_json/ (3 files); torchrun_logs/ (6 files)" in out
     assert "logs  torchrun launch" in out and "world size 4 (all ranks seen)" in out

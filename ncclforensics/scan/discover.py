@@ -371,8 +371,7 @@ class _Grouper:
             group = (clusters[0][0] if clusters else []) + silent
             why = [_basis(group, agree=len(clusters[0][0]) > 1 if clusters else False)] if len(group) > 1 else []
             return [(group, why)]
-        head = (f"{_names(_shown(i) for i in items)}: one run by their names, "
-                f"but their logs tell {len(clusters)} runs apart")
+        head = f"names propose {_basis(items, agree=False)}; their logs tell {len(clusters)} runs apart"
         out = []
         for c in clusters:
             why = [head] + c[2]
