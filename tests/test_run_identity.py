@@ -3,7 +3,6 @@ analyze's warning on a folder that holds several runs. Corpus cases are copied i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -82,22 +81,14 @@ def test_two_runs_side_by_side_in_one_folder_are_two_rows(tmp_path):
     assert sample["files"] == sum(1 for p in SAMPLE.rglob("*") if p.is_file() and p.name != "label.json")
 
 
-@pytest.fixture(scope="module")
-def gen():
-    spec = importlib.util.spec_from_file_location("bench_gen_run_identity", GEN)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @needs_corpus
-def test_multi_host_run_stays_one_row(tmp_path, gen):
+def test_multi_host_run_stays_one_row(tmp_path):
     root = tmp_path / "archive"
     _copy(CASES["011"], root / "job-netinit")  # node0/ and node1/: one run
     # a generated 2-host run whose host folders have names that say nothing; their NCCL commId ties them
     run = tmp_path / "gen"
-    assert gen.main(["--ranks", "8", "--per-host", "4", "--size", "1M", "--seed", "5", "--out", str(run)]) == 0
+    subprocess.run([sys.executable, str(GEN), "--ranks", "8", "--per-host", "4", "--size", "1M", "--seed", "5",
+                    "--out", str(run)], check=True, capture_output=True, timeout=300)
     truth = json.loads(run.with_name("gen.truth.json").read_text())
     hosts = sorted(p for p in run.iterdir() if p.is_dir())
     assert len(hosts) == 2
