@@ -269,3 +269,13 @@ def test_torchrun_restarts_stay_one_run(tmp_path):
     specs = find_runs(tmp_path / "archive")
     assert [s.rel for s in specs] == ["job"] and specs[0].nfiles == 5
     assert "run id job42" in specs[0].ids
+
+
+def test_root_of_notes_only_is_no_run(tmp_path):
+    from ncclforensics.errors import NoInputError
+
+    (tmp_path / "NOTES.txt").write_text("rerun after the driver update\n")
+    (tmp_path / "empty.log").write_text("")
+    with pytest.raises(NoInputError, match=r"2 files are no run \(NOTES.txt: notes, not a log; empty.log: empty"):
+        scan(tmp_path, tmp_path.parent / "out", progress=False)
+    assert not (tmp_path.parent / "out").exists()

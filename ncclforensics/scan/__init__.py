@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncclforensics.errors import NoInputError, UsageError
+from ncclforensics.ingest.discover import display_name
 from ncclforensics.scan.discover import IdentityCache, RunSpec, find_runs, list_runs, run_files
 from ncclforensics.scan.worker import read_result
 
@@ -141,11 +142,9 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a folder")
     cache = IdentityCache(out / IDENTITY_CACHE, root.absolute()) if depth is None and glob is None else None
-    specs = list_runs(root, depth=depth, glob=glob, skip=out, cache=cache)[0]  # before OUTDIR is made
+    specs, ignored = list_runs(root, depth=depth, glob=glob, skip=out, cache=cache)  # before OUTDIR is made
     if not specs:
-        how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
-               else "(folders holding logs, archives, log files)")
-        raise NoInputError(f"no runs found under {root} {how}")
+        raise NoInputError(_no_runs(root, depth, glob, ignored))
     out_real = os.path.realpath(out)
     for s in specs:
         if s.kind == "folder" and (out_real + os.sep).startswith(os.path.realpath(s.path) + os.sep):
@@ -219,6 +218,18 @@ def scan_command(root: Path, out_dir: Path, *, jobs: int | None = None, depth: i
     return 0
 
 
+def _no_runs(root: Path, depth: int | None, glob: str | None, ignored: list[tuple[str, str]]) -> str:
+    """The one-line error when ROOT holds no run, with the files that were looked at and why they are none."""
+    how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
+           else "(folders holding logs, archives, log files)")
+    why = ""
+    if ignored:
+        shown = "; ".join(f"{r}: {w}" for r, w in ignored[:3])
+        why = f"; {len(ignored)} file{'s are' if len(ignored) != 1 else ' is'} no run ({shown}" + \
+            (" …)" if len(ignored) > 3 else ")")
+    return display_name(f"no runs found under {root} {how}{why}")
+
+
 def list_text(root: Path, *, depth: int | None = None, glob: str | None = None, files_shown: int = 8) -> str:
     """`scan --list`: the runs under ROOT, each with its files, why they were grouped and what their
     logs say (launches, world size, master, time span), then the files that are no run and why."""
@@ -229,9 +240,7 @@ def list_text(root: Path, *, depth: int | None = None, glob: str | None = None, 
         raise NoInputError(f"no such file or folder: {root}")
     specs, ignored = list_runs(root, depth=depth, glob=glob)
     if not specs:
-        how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
-               else "(folders holding logs, archives, log files)")
-        raise NoInputError(f"no runs found under {root} {how}")
+        raise NoInputError(_no_runs(root, depth, glob, ignored))
     out = [f"{len(specs)} run{'s' if len(specs) != 1 else ''} under {root}"
            + (f"; {len(ignored)} file{'s' if len(ignored) != 1 else ''} that are no run" if ignored else ""), ""]
     for s in specs:
