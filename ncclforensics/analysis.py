@@ -23,13 +23,42 @@ class Analysis:
     ingest: IngestResult
     context: Context
     diagnosis: Diagnosis
+    several_runs: str | None = None  # the warning when the folder looks like several runs
 
 
-def analyze_path(path: str | Path | list[str | Path], *, progress=None) -> Analysis:
+def analyze_path(path: str | Path | list[str | Path], *, progress=None, check_runs: bool = True) -> Analysis:
+    """Analyze a run: a folder, file or archive, or several paths of one run. With check_runs, a
+    folder whose logs look like several runs gets a warning in run.notes (and `several_runs`)."""
     res = build_events(path, progress=progress)
     if res.files == 0 and res.events.is_empty():
         raise NoInputError(no_input_message(" ".join(map(str, path)) if isinstance(path, list) else str(path), res))
-    return analyze_events(res)
+    warning = note_several_runs(res, path) if check_runs and not isinstance(path, list) else None
+    analysis = analyze_events(res)
+    analysis.several_runs = warning
+    return analysis
+
+
+def note_several_runs(res: IngestResult, path: str | Path) -> str | None:
+    """When the logs under the folder `path` tell several runs apart: the warning, also put first in
+    the run's notes (run.notes, the report's verdict card). None for one run, a file, an archive."""
+    warning = several_runs_warning(Path(path)) if str(path) != "-" else None
+    if warning:
+        res.notes.insert(0, warning)
+    return warning
+
+
+def several_runs_warning(path: Path) -> str | None:
+    """"this folder looks like N runs (…)" when the logs under a folder tell several runs apart."""
+    if not path.is_dir():
+        return None
+    from ncclforensics.scan.discover import several_runs
+
+    runs = several_runs(path)
+    if len(runs) < 2:
+        return None
+    shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+    return (f"this folder looks like {len(runs)} runs ({shown}); analyzing them as one — "
+            "use `ncclforensics scan` to get one verdict per run")
 
 
 def looks_like_logs(res: IngestResult) -> bool:

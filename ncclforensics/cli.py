@@ -228,7 +228,7 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     import json
 
     from ncclforensics import outpaths
-    from ncclforensics.analysis import analyze_events
+    from ncclforensics.analysis import analyze_events, note_several_runs
     from ncclforensics.jsonout import diagnosis_dict
     from ncclforensics.textout import markdown
 
@@ -239,8 +239,12 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     html_target = outpaths.file_target(html, "--html")
     folder = outpaths.folder_target(out_dir, "-o")
     progress = Progress.for_terminal(quiet=quiet)
+    several = None
     try:
         res = _read_run(paths, progress)
+        if len(paths) == 1:
+            progress.phase("checking whether the folder holds several runs")
+            several = note_several_runs(res, paths[0])
         progress.phase(f"diagnosing {plural(res.events.height, 'event')}")
         analysis = analyze_events(res)
         diag = analysis.diagnosis
@@ -253,6 +257,8 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
             page = render_report(analysis, repro)
     finally:
         progress.close()
+    if several and not quiet:
+        err(f"ncclforensics: {several}")
     if folder is not None:
         outpaths.make_folder(folder)
         doc = json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n"
@@ -364,11 +370,16 @@ def scan(
         "--no-reports", help="Skip runs/<id>/report.html; diagnosis.json is always written.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Analyze every run again, ignoring the cache.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")] = False,
+    list_only: Annotated[bool, typer.Option(
+        "--list", help="Dry run: print the runs found, their files and why they were grouped; analyze nothing.")
+    ] = False,
 ) -> None:
     """Analyze every run under ROOT in parallel: summary table, index.html, per-run reports."""
     from ncclforensics import outpaths
-    from ncclforensics.scan import scan_command
+    from ncclforensics.scan import list_command, scan_command
 
+    if list_only:
+        raise typer.Exit(_guard(list_command, root, depth=depth, glob=glob) or 0)
     _guard(_catalogue)
     _guard(outpaths.folder_target, out_dir, "-o")
     code = _guard(scan_command, root, out_dir, jobs=jobs, depth=depth, glob=glob, timeout=timeout,

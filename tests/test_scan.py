@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 from ncclforensics.errors import NoInputError, UsageError
-from ncclforensics.scan import find_runs, scan
+from ncclforensics.scan import find_runs, list_runs, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "corpus"
@@ -195,26 +195,35 @@ def test_timeout_kills_the_worker_and_becomes_a_row(tmp_path):
 
 def test_discovery_rule(tmp_path):
     r = tmp_path
+    line = "2026-11-22 07:44:19,330 INFO [rank0] train: step 1 loss 0.09\n"  # no identity: names decide
     for rel in ["job1/console.log", "job1/torchrun_logs/none_ab12cd34/attempt_0/0/stdout.log",
                 "job1/fr_trace/fr_trace_rank_0", "job1/train.py", "job2/node0/console.log", "job2/gpu-e002/x.log",
                 "job3/slurm-7.out", "job3/tlogs/none_ab12cd34/attempt_1/3/stderr.log",
                 "batch/notes.log", "batch/jobA/a.log", "batch/jobB/logs/rank0.log", ".git/logs/HEAD",
-                "meta.json",
-                "lone.log.gz", "README.md", "x<img src=q onerror=alert(1)>/console.log"]:
+                "meta.json", "README.md", "x<img src=q onerror=alert(1)>/console.log"]:
         (r / rel).parent.mkdir(parents=True, exist_ok=True)
-        (r / rel).write_text("hello\n")
+        (r / rel).write_text(line)
+    (r / "lone.log.gz").write_bytes(gzip.compress(line.encode()))
     (r / "job1" / "dump.tar.gz").write_bytes(b"")
     (r / "run9.tar.gz").write_bytes(b"")
-    got = {s.rel: s.kind for s in find_runs(r)}
+    # not runs: notes beside the runs, an empty file, a folder whose only log is empty
+    (r / "NOTES.txt").write_text("Failed on Nov 22 after the driver update; ask Bob about node3.\n")
+    (r / "empty.log").write_text("")
+    (r / "batch" / "jobC").mkdir()
+    (r / "batch" / "jobC" / "stderr.log").write_text("")
+    specs, ignored = list_runs(r)
+    got = {s.rel: s.kind for s in specs}
     assert got == {
         "job1": "folder", "job2": "folder", "job3": "folder", "batch/notes.log": "file", "batch/jobA": "folder",
         "batch/jobB": "folder", "lone.log.gz": "file", "run9.tar.gz": "archive",
         "x<img src=q onerror=alert(1)>": "folder",
     }
+    assert dict(ignored) == {"NOTES.txt": "notes, not a log", "empty.log": "empty file", "batch/jobC/stderr.log":
+                             "empty file", "meta.json": "metadata beside runs (.json/.csv/.tsv)"}
     assert {s.rel for s in find_runs(r, depth=1)} == {"job1", "job2", "job3", "batch", "lone.log.gz", "run9.tar.gz",
-                                                      "x<img src=q onerror=alert(1)>"}
-    assert {s.rel for s in find_runs(r, glob="batch/job*")} == {"batch/jobA", "batch/jobB"}
-    one = {s.rel: s for s in find_runs(r)}["job1"]
+                                                      "x<img src=q onerror=alert(1)>", "NOTES.txt", "empty.log"}
+    assert {s.rel for s in find_runs(r, glob="batch/job*")} == {"batch/jobA", "batch/jobB", "batch/jobC"}
+    one = {s.rel: s for s in specs}["job1"]
     assert one.nfiles == 5 and one.id != "job1" and "/" not in one.id
     with pytest.raises(UsageError):
         find_runs(r, depth=1, glob="*")

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncclforensics.errors import NoInputError, UsageError
-from ncclforensics.scan.discover import RunSpec, find_runs
+from ncclforensics.ingest.discover import display_name
+from ncclforensics.scan.discover import IdentityCache, RunSpec, find_runs, list_runs, run_files
 from ncclforensics.scan.worker import read_result
 
-__all__ = ["ENGINES", "RunSpec", "ScanResult", "find_runs", "scan", "scan_command"]
+__all__ = ["ENGINES", "RunSpec", "ScanResult", "find_runs", "list_command", "list_runs", "scan", "scan_command"]
 
 ENGINES = ("process", "ray")
+IDENTITY_CACHE = ".identities.json"  # in OUTDIR: the run-identity samples of the last scan
 
 
 @dataclass
@@ -139,11 +141,10 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
         raise NoInputError(f"no such file or folder: {root}")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a folder")
-    specs = find_runs(root, depth=depth, glob=glob, skip=out)  # before OUTDIR is made: nothing written yet
+    cache = IdentityCache(out / IDENTITY_CACHE, root.absolute()) if depth is None and glob is None else None
+    specs, ignored = list_runs(root, depth=depth, glob=glob, skip=out, cache=cache)  # before OUTDIR is made
     if not specs:
-        how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
-               else "(folders holding logs, archives, log files)")
-        raise NoInputError(f"no runs found under {root} {how}")
+        raise NoInputError(_no_runs(root, depth, glob, ignored))
     out_real = os.path.realpath(out)
     for s in specs:
         if s.kind == "folder" and (out_real + os.sep).startswith(os.path.realpath(s.path) + os.sep):
@@ -154,6 +155,8 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
     out.mkdir(parents=True, exist_ok=True)
     lock = _Lock(out)
     try:
+        if cache is not None:
+            cache.save()
         for stale in out.glob(".*.tmp"):  # a summary write cut short by a kill
             stale.unlink(missing_ok=True)
         result = ScanResult(out_dir=out, runs=len(specs))
@@ -212,4 +215,56 @@ def scan_command(root: Path, out_dir: Path, *, jobs: int | None = None, depth: i
         failed = f", {res.errors:,} could not be analyzed" if res.errors else ""
         sys.stderr.write(f"Scanned {plural(res.runs, 'run')} ({res.analyzed:,} analyzed, {res.cached:,} unchanged"
                          f"{failed}) in {res.seconds:.1f} s: {res.index_html}\n")
+    return 0
+
+
+def _no_runs(root: Path, depth: int | None, glob: str | None, ignored: list[tuple[str, str]]) -> str:
+    """The one-line error when ROOT holds no run, with the files that were looked at and why they are none."""
+    how = (f"at depth {depth}" if depth is not None else f"matching {glob!r}" if glob
+           else "(folders holding logs, archives, log files)")
+    why = ""
+    if ignored:
+        shown = "; ".join(f"{r}: {w}" for r, w in ignored[:3])
+        why = f"; {len(ignored)} file{'s are' if len(ignored) != 1 else ' is'} no run ({shown}" + \
+            (" …)" if len(ignored) > 3 else ")")
+    return display_name(f"no runs found under {root} {how}{why}")
+
+
+def list_text(root: Path, *, depth: int | None = None, glob: str | None = None, files_shown: int = 8) -> str:
+    """`scan --list`: the runs under ROOT, each with its files, why they were grouped and what their
+    logs say (launches, world size, master, time span), then the files that are no run and why."""
+    from ncclforensics.report.words import human_bytes
+
+    root = Path(root)
+    if not root.exists():
+        raise NoInputError(f"no such file or folder: {root}")
+    specs, ignored = list_runs(root, depth=depth, glob=glob)
+    if not specs:
+        raise NoInputError(_no_runs(root, depth, glob, ignored))
+    out = [f"{len(specs)} run{'s' if len(specs) != 1 else ''} under {root}"
+           + (f"; {len(ignored)} file{'s' if len(ignored) != 1 else ''} that are no run" if ignored else ""), ""]
+    for s in specs:
+        out.append(f"{s.rel}  ({s.kind}, {s.nfiles} file{'s' if s.nfiles != 1 else ''}, {human_bytes(s.size)})")
+        for i, w in enumerate(s.why):
+            out.append(f"  {'why ' if i == 0 else '    '}  {w}")
+        if s.ids:
+            out.append(f"  logs  {s.ids}")
+        files = run_files(s)
+        shown = "; ".join(files[:files_shown]) + (f"; and {len(files) - files_shown} more" if len(files) > files_shown
+                                                   else "")
+        out.append(f"  files {shown}")
+        out.append("")
+    if ignored:
+        out.append("not runs:")
+        width = min(60, max(len(r) for r, _ in ignored))
+        out += [f"  {r:<{width}}  {why}" for r, why in ignored]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def list_command(root: Path, *, depth: int | None = None, glob: str | None = None) -> int:
+    """The `ncclforensics scan --list` command: print list_text to stdout; exit code 0."""
+    import sys
+
+    sys.stdout.write(list_text(root, depth=depth, glob=glob))
+    sys.stdout.flush()
     return 0

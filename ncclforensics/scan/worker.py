@@ -158,7 +158,9 @@ def analyze_run(spec: dict, out_dir: str | None) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            analysis = analyze_path(spec["path"])
+            members = spec.get("members") or ()  # a run made of some entries of a folder
+            analysis = analyze_path([str(Path(spec["path"]) / m) for m in members] if members else spec["path"],
+                                    check_runs=bool(spec.get("check_runs")))
             diag = analysis.diagnosis
             repro = _reproducer(diag)
             doc = diagnosis_dict(diag, repro)
