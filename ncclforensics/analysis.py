@@ -23,13 +23,17 @@ class Analysis:
     ingest: IngestResult
     context: Context
     diagnosis: Diagnosis
+    # what was analyzed (a path, several of one run, "-"), for reading context lines back (ncclforensics.incident)
+    path: str | Path | list[str | Path] | None = None
 
 
 def analyze_path(path: str | Path | list[str | Path], *, progress=None) -> Analysis:
     res = build_events(path, progress=progress)
     if res.files == 0 and res.events.is_empty():
         raise NoInputError(no_input_message(" ".join(map(str, path)) if isinstance(path, list) else str(path), res))
-    return analyze_events(res)
+    analysis = analyze_events(res)
+    analysis.path = path
+    return analysis
 
 
 def looks_like_logs(res: IngestResult) -> bool:
