@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import polars as pl
 
@@ -92,11 +91,11 @@ class IncidentContext:
         return dataclasses.replace(self, radius=radius, evidence=ev)
 
 
-def build_context(analysis, *, radius: int, root: str | Path | None = None) -> IncidentContext:
+def build_context(analysis, *, radius: int, read: bool = True) -> IncidentContext:
     """Read back what the event table points at. Never raises for a file: notes say what is missing."""
     diag = analysis.diagnosis
     ev: pl.DataFrame = analysis.context.events
-    root = root if root is not None else getattr(analysis, "path", None)
+    root = getattr(analysis, "path", None) if read else None  # what was analyzed; None: nothing to read
     spots = _evidence_spots(diag.verdict.evidence)
     plan = _tail_plan(ev, diag) if root is not None else []
     wants: dict[str, list[tuple[int, int]]] = defaultdict(list)

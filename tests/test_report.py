@@ -306,7 +306,7 @@ def test_legend_lists_only_states_some_rank_has(sample_analysis, report_sample: 
 def _no_context(analysis):
     from ncclforensics.incident import build_context
 
-    return build_context(analysis, radius=0, root=None)
+    return build_context(analysis, radius=0, read=False)
 
 
 def test_charts_stay_small_at_2048_ranks():

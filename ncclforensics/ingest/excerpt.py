@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncclforensics.errors import ForensicsError
 from ncclforensics.ingest import archive, decode
-from ncclforensics.ingest.discover import Source, iter_sources
+from ncclforensics.ingest.discover import Source, iter_sources, roots_of
 from ncclforensics.ingest.envelope import ANSI
 
 # Reading stops after this many bytes of one run (decompressed): a line deep in a 50 GB console is not
@@ -17,6 +18,7 @@ from ncclforensics.ingest.envelope import ANSI
 MAX_READ_BYTES = 1 << 30
 MAX_LINE_CHARS = 500  # a context line is cut here (the event table keeps 2,000 of an evidence line)
 MAX_LINES = 5_000  # lines kept per run, over all files
+CHUNK = 1 << 20  # read in 1 MiB pieces: little memory, and the budget is checked often
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -46,25 +48,35 @@ def clean_line(raw: bytes | str) -> str:
     return text if len(text) <= MAX_LINE_CHARS else text[: MAX_LINE_CHARS - 1] + "…"
 
 
-def read_lines(root: str | os.PathLike, wants: Mapping[str, Iterable[tuple[int, int]]], *,
-               max_bytes: int = MAX_READ_BYTES) -> dict[str, Excerpt]:
+def read_lines(paths: str | os.PathLike | Sequence[str | os.PathLike], wants: Mapping[str, Iterable[tuple[int, int]]],
+               *, max_bytes: int = MAX_READ_BYTES) -> dict[str, Excerpt]:
     """For each file name (as in the event table's `file` column) the lines in its wanted ranges
-    (1-based, inclusive). Never raises for a file: a file that vanished, changed into binary or broke
-    off gives an Excerpt with a note. Archives are streamed, as when the run was read."""
-    root = Path(root)
+    (1-based, inclusive), from the path (or the paths of one run, or "-") that was analyzed. Never
+    raises for a file: a file that vanished, changed into binary or broke off gives an Excerpt with a
+    note. Archives are streamed, as when the run was read."""
     ranges = {f: _merge(rs) for f, rs in wants.items()}
     ranges = {f: rs for f, rs in ranges.items() if rs}
     out: dict[str, Excerpt] = {}
     budget = [max_bytes, MAX_LINES]
-    for name, src in _sources(root, set(ranges)):
-        if name in out:
+    try:
+        roots = roots_of(paths)
+    except ForensicsError:  # the run itself vanished: every name gets the note below
+        roots = []
+    for root in roots:
+        # names in the table carry their root's prefix when a run was given as several paths
+        mine = {name[len(root.prefix):]: name for name in ranges if name.startswith(root.prefix)}
+        if root.path is None:
+            for name in mine.values():
+                out.setdefault(name, Excerpt(name, (), "read from standard input, which cannot be read again"))
             continue
-        try:
-            out[name] = _read(src, name, ranges[name], budget)
-        except Exception as exc:  # never fatal: damage, a cap, a race with a writer
-            out[name] = Excerpt(name, (), f"could not be read again ({type(exc).__name__}: {str(exc)[:120]})")
-        if len(out) == len(ranges):
-            break
+        for rel, src in _sources(root.path, set(mine)):
+            name = mine[rel]
+            if name in out:
+                continue
+            try:
+                out[name] = _read(src, name, ranges[name], budget)
+            except Exception as exc:  # never fatal: damage, a cap, a race with a writer
+                out[name] = Excerpt(name, (), f"could not be read again ({type(exc).__name__}: {str(exc)[:120]})")
     for name in ranges:
         out.setdefault(name, Excerpt(name, (), "no longer there: moved or deleted since it was read"))
     return out
@@ -129,9 +141,9 @@ def _read(src: Source, name: str, spans: list[tuple[int, int]], budget: list[int
     if kind == "utf-16":
         chunks = decode.utf16_chunks(stream, head)
     elif decode.cr_only(head):
-        chunks = decode.iter_chunks(decode.CrToLf(stream), head.replace(b"\r", b"\n"))
+        chunks = decode.iter_chunks(decode.CrToLf(stream), head.replace(b"\r", b"\n"), CHUNK)
     else:
-        chunks = decode.iter_chunks(stream, head)
+        chunks = decode.iter_chunks(stream, head, CHUNK)
     last_wanted = spans[-1][1]
     kept: list[Line] = []
     line_no = 1
