@@ -392,7 +392,7 @@ def scan(
     _guard(outpaths.folder_target, out_dir, "-o")
     code = _guard(scan_command, root, out_dir, jobs=jobs, depth=depth, glob=glob, timeout=timeout,
                   engine=engine.value, ray_address=ray_address, quiet=quiet, force=force,
-                  reports=not no_reports)
+                  reports=not no_reports, self_contained=self_contained)
     raise typer.Exit(code or 0)
 
 
