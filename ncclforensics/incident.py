@@ -242,7 +242,8 @@ def _tail(plan: list[_TailSpot], excerpts: dict[str, Excerpt], ev: pl.DataFrame)
     files = {t.file for t, _ in lines}
     if len(files) == 1:
         ordered = sorted(lines, key=lambda m: m[0].no)
-        order = "in the order of the file they share"
+        ranks = {t.rank for t, _ in lines}
+        order = "in the order of the file they share" if len(ranks) > 1 else "in file order"
     elif all(ts is not None for _, ts in lines):
         ordered = sorted(lines, key=lambda m: (m[1], m[0].rank, m[0].no))
         order = "by time"

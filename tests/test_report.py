@@ -23,6 +23,7 @@ from ncclforensics.report import bundle, charts, context, timeline, words
 from ncclforensics.report.render import TEMPLATES, environment, render_report
 from ncclforensics.report.richtext import to_html
 from ncclforensics.rules.loader import load_rules
+from tests.fixtures.hostile_run import XSS_DIR, XSS_HOST, XSS_LINE, hostile_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_logs"
@@ -31,9 +32,6 @@ GOLDEN = Path(__file__).parent / "golden" / "report_sample.html"
 FIXED_TIME = datetime(2030, 1, 1, tzinfo=UTC)
 FAKE_REPRO = SimpleNamespace(script="import torch.distributed as dist\nprint('repro')\n",
                              command="torchrun --nproc-per-node 4 repro.py", world_size=4)
-XSS_LINE = "</script><script>alert(1)</script>"
-XSS_DIR = "<img src=x onerror=alert(1)>"
-XSS_HOST = "<img/src=x/onerror=alert(1)>"  # NCCL's host:pid:tid prefix allows no spaces
 SINGLE_REPORT_GOAL = 800_000  # bytes: DESIGN.md §5 (the hard limit is 1.6 MB)
 
 
@@ -149,23 +147,6 @@ def test_no_external_url_in_src_or_stylesheet(prefix: str):
 
 
 # -- log text is text -----------------------------------------------------------------------------
-def _hostile_run(tmp_path: Path) -> Path:
-    run = tmp_path / "run"
-    d = run / XSS_DIR
-    d.mkdir(parents=True)
-    (d / "rank0.log").write_text(
-        "[rank0]:[E1102 10:00:01.000000001 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
-        "timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for "
-        "600031 milliseconds before timing out.\n", encoding="utf-8")
-    (d / "rank1.log").write_text(
-        f"{XSS_HOST}:1234:1240 [0] misc/socket.cc:50 NCCL WARN {XSS_LINE}\n"
-        "[rank1]: Traceback (most recent call last):\n"
-        f'[rank1]:   File "/srv/{XSS_DIR}/train.py", line 10, in <module>\n'
-        "[rank1]:     step(batch)\n"
-        f"[rank1]: RuntimeError: {XSS_LINE}\n", encoding="utf-8")
-    return run
-
-
 def _assert_escaped(html: str, *raw: str) -> None:
     for s in raw:
         assert s not in html, f"raw {s!r} in the report"
@@ -174,7 +155,7 @@ def _assert_escaped(html: str, *raw: str) -> None:
 
 
 def test_log_text_and_paths_are_text_not_markup(tmp_path: Path):
-    html = render_report(analyze_path(_hostile_run(tmp_path)), None)
+    html = render_report(analyze_path(hostile_run(tmp_path)), None)
     _assert_escaped(html, XSS_LINE, XSS_DIR, XSS_HOST)
     # data for scripts goes through |tojson: never a raw "<" next to log data inside a script
     for body in re.findall(r"<script[^>]*>(.*?)</script>", html, flags=re.S):

@@ -195,7 +195,7 @@ def frontier_chart(view: FrontierView) -> Chart | None:
     fig.update_xaxes(tickformat="d", showgrid=False, zeroline=False, range=[-0.5, max(n, 1) - 0.5],
                      **(dict(dtick=1) if n <= 32 else {}))
     _mark_culprits(fig, view, n=n, rows=rows)
-    _layout(fig, height=120 + 260 * npg + (110 if npg else 150))
+    _layout(fig, height=120 + 260 * npg + 110 if npg else 210)
     fig.update_layout(hovermode="x" if npg else "closest")
     return _chart(fig, "chart-frontier")
 

@@ -90,7 +90,8 @@ class TimelineView:
     root: TimelineEvent | None
     last_seen: TimelineEvent | None  # the culprit's last timestamped event, when the root has no time
     root_note: str
-    x_range: tuple[str, str] | None  # the incident window, when the events span much more
+    x_range: tuple[str, str] | None  # the first view: the incident window, or seconds around a short burst
+    focused: bool  # x_range is the incident window within a longer span (double-click shows it all)
 
 
 def _iso(ts: datetime) -> str:
@@ -195,13 +196,14 @@ def timeline_view(analysis) -> TimelineView:
     culprits = set(diag.verdict.culprit_ranks)
     culprit_hosts = set(diag.verdict.culprit_hosts)
     if ev.is_empty():
-        return TimelineView((), (), (), "rank", (), 0, 0, None, None, None, "", None)
+        return TimelineView((), (), (), "rank", (), 0, 0, None, None, None, "", None, False)
     key, untimed, root_row = _key_rows(ev, diag)
     n_ranks = ev["rank"].drop_nulls().n_unique()
     steps = _fr_steps(ev, FR_LAST if n_ranks <= 64 else 1)
     rows = key + steps
     if not rows:
-        return TimelineView((), (), (), "rank", (), 0, untimed, None, None, None, _root_note(root_row, None), None)
+        return TimelineView((), (), (), "rank", (), 0, untimed, None, None, None, _root_note(root_row, None), None,
+                            False)
     rank_host = dict(analysis.context.rank_hosts)
     group_by = _group_by(rows)
     root_at = (root_row["file"], root_row["line"]) if root_row is not None and root_row["ts"] is not None else None
@@ -228,7 +230,7 @@ def timeline_view(analysis) -> TimelineView:
         events=events, lanes=lanes, culprit_lanes=culprit_lanes, group_by=group_by,
         categories=tuple(c for c in CATEGORY_ORDER if c in cats) + tuple(sorted(cats - set(CATEGORY_ORDER))),
         total=total, untimed=untimed, first_timeout=first_to, root=root, last_seen=last_seen,
-        root_note=_root_note(root_row, last_seen), x_range=_focus(events, root or last_seen, first_to, rows),
+        root_note=_root_note(root_row, last_seen), **_focus(events, root or last_seen, first_to, rows),
     )
 
 
@@ -322,24 +324,26 @@ def _stack(rows: list[dict], lanes: tuple[str, ...], culprits: set[int], hosts: 
     return tuple(out)
 
 
-def _focus(events, anchor, first_to, rows) -> tuple[str, str] | None:
-    """The incident window (the root or the culprit's last sign, and the timeouts after it) when the
-    events span much longer, e.g. a day of training before a hang; double-click shows everything."""
+def _focus(events, anchor, first_to, rows) -> dict:
+    """The first view: seconds around a burst shorter than 4 s, or the incident window (the root or the
+    culprit's last sign, and the timeouts after it) when the events span much longer, e.g. a day of
+    training before a hang; double-click shows everything."""
+    none = {"x_range": None, "focused": False}
     if not events:
-        return None
+        return none
     t0, t1 = rows[0]["ts"], rows[-1]["ts"]
     span = t1 - t0
     if span < timedelta(seconds=4):
         mid = t0 + span / 2
-        return _iso(mid - timedelta(seconds=3)), _iso(mid + timedelta(seconds=3))
+        return {"x_range": (_iso(mid - timedelta(seconds=3)), _iso(mid + timedelta(seconds=3))), "focused": False}
     starts = [datetime.fromisoformat(e.ts) for e in (anchor, first_to) if e is not None]
     if first_to is not None:
         timeout_ms = max((r.get("timeout_ms") or 0) for r in rows if r["kind"] in TIMEOUT_KINDS)
         starts.append(datetime.fromisoformat(first_to.ts) - timedelta(milliseconds=timeout_ms))
     if not starts:
-        return None
+        return none
     start = max(t0, min(starts))
     if (t1 - start) * 3 > span:
-        return None
+        return none
     pad = max((t1 - start) * 0.05, timedelta(seconds=1))
-    return _iso(start - pad), _iso(t1 + pad)
+    return {"x_range": (_iso(start - pad), _iso(t1 + pad)), "focused": True}
