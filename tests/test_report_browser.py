@@ -19,7 +19,7 @@ from ncclforensics.events import IngestResult
 from ncclforensics.model import EVENT_SCHEMA
 from ncclforensics.report.render import render_report
 from ncclforensics.scan import scan
-from tests.fixtures.browser_checks import ANNOTATIONS_JS, OVERFLOW_JS, OVERLAP_JS
+from tests.fixtures.browser_checks import ANNOTATIONS_JS, CELL_TEXT_JS, OVERFLOW_JS, OVERLAP_JS
 from tests.fixtures.hostile_run import XSS_LINE, hostile_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +99,7 @@ def test_sample_report_at_every_width(browser, sample_report: Path, width: int):
     checks = page.evaluate(OVERFLOW_JS)
     assert checks["overflow"] == [], checks
     assert page.evaluate(OVERLAP_JS) == []
+    assert page.evaluate(CELL_TEXT_JS) == []
     _screenshot(page, f"report_sample_{width}")
     assert seen.requests == [], f"network requests attempted: {seen.requests}"
     assert seen.errors == [], f"console errors: {seen.errors}"

@@ -141,7 +141,7 @@ class VerdictView:
     has_culprit: bool
     collective: str
     first_failure: str
-    what_would_change: str
+    what_would_change: Markup  # a rule doc's Markdown or the analyzer's note, rendered
     what_would_change_label: str
 
 
@@ -280,7 +280,7 @@ def _verdict(diag) -> VerdictView:
         confidence=f"{v.confidence:.2f}", confidence_word=confidence_word(v.confidence),
         culprits=culprit_text(v), has_culprit=bool(v.culprit_ranks or v.culprit_hosts),
         collective=collective_text(v), first_failure=first,
-        what_would_change=change, what_would_change_label=label,
+        what_would_change=to_inline_html(change), what_would_change_label=label,
     )
 
 
@@ -330,8 +330,9 @@ def build_view(analysis, repro=None, *, incident: IncidentContext) -> ReportView
     title = f"{v.root_cause.value}: {short(v.title, 100)} — {diag.facts.path}"
     verdict = _verdict(diag)
     frontier = frontier_view(analysis)
+    shown = (diag.missing or v.doc.get("known_false_positives", "")).strip()  # the verdict card's caveat
     return ReportView(
-        title=title, verdict=verdict, doc=_doc(v, shown=verdict.what_would_change.strip()), evidence=evidence,
+        title=title, verdict=verdict, doc=_doc(v, shown=shown), evidence=evidence,
         more_evidence=max(0, len(all_evidence) - MAX_EVIDENCE),
         fixes=tuple(FixView(x.title, to_inline_html(x.why), textwrap.dedent(x.code).strip("\n")) for x in v.fixes),
         findings=tuple(_finding(f) for f in diag.findings), facts=_facts(analysis), repro=rv,

@@ -78,12 +78,49 @@
     gd._ncfPasses = 0;
   }
 
+  // -- heatmap cell text (the rank state strip): as large as fits its cell, hidden when nothing fits --
+  var MAX_FONT = 13, MIN_FONT = 7;
+
+  function fitCellText(Plotly, gd) {
+    var data = gd._fullData || [];
+    for (var i = 0; i < data.length; i++) {
+      var tr = data[i];
+      if (tr.type !== "heatmap" || !tr.z || !tr.z[0]) { continue; }
+      var cell = gd._fullLayout._size.w / tr.z[0].length;
+      var orig = gd.data[i];
+      if (orig._ncfTemplate === undefined) { orig._ncfTemplate = orig.texttemplate || ""; }
+      if (!orig._ncfTemplate) { continue; }
+      if (orig._ncfHiddenAt !== undefined) {  // hidden: back when the cells grew enough
+        if (cell > orig._ncfHiddenAt * 1.4) {
+          delete orig._ncfHiddenAt;
+          Plotly.restyle(gd, { texttemplate: orig._ncfTemplate, "textfont.size": MIN_FONT }, [i]);
+        }
+        continue;
+      }
+      var texts = gd.querySelectorAll("g.heatmap-label text");
+      var widest = 0, size = MAX_FONT;
+      Array.prototype.forEach.call(texts, function (t) {
+        widest = Math.max(widest, t.getBBox().width);
+        size = parseFloat(t.style.fontSize) || size;
+      });
+      if (!widest) { continue; }
+      var fit = Math.min(MAX_FONT, Math.floor(size * (cell - 6) / widest));
+      if (fit < MIN_FONT) {
+        orig._ncfHiddenAt = cell;
+        Plotly.restyle(gd, { texttemplate: "" }, [i]);
+      } else if (fit !== Math.round(size)) {
+        Plotly.restyle(gd, { "textfont.size": fit }, [i]);
+      }
+    }
+  }
+
   function draw(Plotly) {
     plots().forEach(function (div) {
       var spec = JSON.parse(document.getElementById(div.dataset.spec).textContent);
       div.innerHTML = "";
       Plotly.newPlot(div, spec.data, spec.layout, spec.config).then(function (gd) {
-        gd.on("plotly_afterplot", function () { declutter(Plotly, gd); });
+        gd.on("plotly_afterplot", function () { fitCellText(Plotly, gd); declutter(Plotly, gd); });
+        fitCellText(Plotly, gd);
         declutter(Plotly, gd);
         gd.dataset.drawn = "1";
       });
