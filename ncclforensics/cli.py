@@ -381,6 +381,9 @@ def scan(
         "--ray-address", help="Ray cluster to join, e.g. 'auto' (default: RAY_ADDRESS, else local).")] = None,
     no_reports: Annotated[bool, typer.Option(
         "--no-reports", help="Skip runs/<id>/report.html; diagnosis.json is always written.")] = False,
+    self_contained: Annotated[bool, typer.Option(
+        "--self-contained", help="Inline plotly.js in every report (+0.5 MB each) instead of one shared "
+        "OUTDIR/assets/ copy.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Analyze every run again, ignoring the cache.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")] = False,
 ) -> None:

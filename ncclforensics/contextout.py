@@ -15,34 +15,39 @@ def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def text_lines(ctx: IncidentContext, *, width: int = 80) -> list[str]:
-    """grep -C style: `23:` marks the evidence line, `22-` its neighbours; every line cut to `width`."""
-    out: list[str] = []
+def text_lines(ctx: IncidentContext, *, width: int = 80) -> list[tuple[str, str]]:
+    """(line, style) pairs, grep -C style: `23:` marks the evidence line, `22-` its neighbours; every
+    line cut to `width`. Styles are rich's: "" plain, "bold" headings and evidence lines, "dim" notes."""
+    out: list[tuple[str, str]] = []
     shown = [e for e in ctx.evidence if e.lines or e.note]
     if shown and ctx.radius > 0:
-        out += ["", f"Context ({ctx.radius} line{'s' if ctx.radius != 1 else ''} around each evidence line):"]
+        out += [("", ""), (f"Context ({ctx.radius} line{'s' if ctx.radius != 1 else ''} around each evidence line):",
+                           "bold")]
         for e in shown:
-            who = f" rank {e.rank}" if e.rank is not None else ""
-            out.append(_cut(f"  {e.file}:{e.line}{who}", width))
+            who = f" (rank {e.rank})" if e.rank is not None else ""
+            out.append((_cut(f"  {e.file}:{e.line}{who}", width), "cyan"))
             if e.note:
-                out.append(_cut(f"    ({e.note})", width))
+                out.append((_cut(f"    ({e.note})", width), "dim"))
             for x in e.lines:
-                out.append(_cut(f"    {x.no}{':' if x.hit else '-'} {x.text}", width))
+                out.append((_cut(f"    {x.no}{':' if x.hit else '-'} {x.text}", width), "bold" if x.hit else ""))
     if ctx.tail:
-        out += ["", _cut(f"Last lines of {ctx.tail_ranks} before the failure, {ctx.tail_order}:", width)]
+        out += [("", ""), (_cut(f"Last lines of {ctx.tail_ranks} before the failure, {ctx.tail_order}:", width),
+                           "bold")]
+        col = max(len(f"{_name(t.file)}:{t.no}") for t in ctx.tail)
         for t in ctx.tail:
             if t.skipped:
-                out.append(f"    ⋮ {t.skipped} lines of rank {t.rank}'s traceback")
+                out.append((f"    ⋮ {t.skipped} lines of rank {t.rank}'s traceback", "dim"))
             rank = f"r{t.rank}" if t.rank is not None else "-"
-            out.append(_cut(f"  {rank:>4} {_name(t.file)}:{t.no}  {t.text}", width))
+            out.append((_cut(f"  {rank:>4} {f'{_name(t.file)}:{t.no}':<{col}}  {t.text}", width),
+                        "bold" if t.event else ""))
     if ctx.frames:
-        out += ["", "Where in your code (innermost user frames):"]
+        out += [("", ""), ("Where in your code (innermost user frames):", "bold")]
         for g in ctx.frames:
-            out.append(_cut(f"  {g.who}: {g.what}", width))
+            out.append((_cut(f"  {g.who}: {g.what}", width), "red" if g.culprit else ""))
             for f in g.frames[-TERMINAL_FRAMES:]:
-                out.append(_cut(f"    {f.file}:{f.line} in {f.fn}" + (f": {f.code}" if f.code else ""), width))
+                out.append((_cut(f"    {f.file}:{f.line} in {f.fn}" + (f": {f.code}" if f.code else ""), width), ""))
     for n in ctx.notes:
-        out.append(_cut(f"  note: {n}", width))
+        out.append((_cut(f"  note: {n}", width), "dim"))
     return out
 
 

@@ -74,7 +74,7 @@ def terminal(diag: Diagnosis, *, width: int = 80, context=None) -> list[Text]:
     if context is not None:
         from ncclforensics.contextout import text_lines
 
-        lines += [Text(ln) for ln in text_lines(context, width=width)]
+        lines += [Text(ln, style=style) for ln, style in text_lines(context, width=width)]
     if v.fixes:
         lines += [Text("")]
         lines += _fix(v, width)
