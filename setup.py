@@ -18,5 +18,6 @@ setup(
         *(f"{PATTERNS}.{p}" for p in find_namespace_packages("patterns", exclude=NOT_PACKAGES)),
     ],
     package_dir={PATTERNS: "patterns"},
-    package_data={"": ["*.toml", "*.txt", "*.j2", "*.css", "*.js"]},
+    # report/assets: the vendored plotly.js bundle (gzip), its manifest and licence (tools/refresh_plotly.py)
+    package_data={"": ["*.toml", "*.txt", "*.j2", "*.css", "*.js"], "ncclforensics": ["report/assets/*"]},
 )

@@ -24,6 +24,8 @@ class Analysis:
     context: Context
     diagnosis: Diagnosis
     several_runs: str | None = None  # the warning when the folder looks like several runs
+    # what was analyzed (a path, several of one run, "-"), for reading context lines back (ncclforensics.incident)
+    path: str | Path | list[str | Path] | None = None
 
 
 def analyze_path(path: str | Path | list[str | Path], *, progress=None, check_runs: bool = True) -> Analysis:
@@ -35,6 +37,7 @@ def analyze_path(path: str | Path | list[str | Path], *, progress=None, check_ru
     warning = note_several_runs(res, path) if check_runs and not isinstance(path, list) else None
     analysis = analyze_events(res)
     analysis.several_runs = warning
+    analysis.path = path
     return analysis
 
 

@@ -85,6 +85,9 @@ def _label(paths: list[str]) -> str:
     return " ".join("standard input" if p == "-" else p for p in paths)
 
 
+MD_CONTEXT_LINES = 3  # lines around each evidence line in --md and report.md, unless -C says otherwise
+
+
 class EventFormat(StrEnum):
     table = "table"
     csv = "csv"
@@ -216,21 +219,27 @@ def analyze(
     ] = None,
     color: Annotated[ColorMode, typer.Option("--color", help="Colour in the terminal summary.")] = ColorMode.auto,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no notes on stderr.")] = False,
+    context: Annotated[int | None, typer.Option(
+        "--context", "-C", metavar="N", min=0, max=200,
+        help="Also show N lines around each evidence line, every rank's last lines before the failure and "
+        "the user code frames (terminal and --md; --md shows 3 by default).")] = None,
 ) -> None:
     """Diagnose a failed run: culprit ranks, stuck collective, root cause, fixes."""
     code = _guard(_analyze, paths, as_json=as_json, as_md=as_md, html=html, out_dir=out_dir, quiet=quiet,
-                  color=color, fail_on=fail_on)
+                  color=color, fail_on=fail_on, context=context)
     raise typer.Exit(code or 0)
 
 
 def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, out_dir: str | None,
-             quiet: bool, color: ColorMode, fail_on: str | None) -> int:
+             quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None) -> int:
     import json
 
     from ncclforensics import outpaths
     from ncclforensics.analysis import analyze_events, note_several_runs
+    from ncclforensics.incident import build_context
     from ncclforensics.jsonout import diagnosis_dict
-    from ncclforensics.textout import markdown
+    from ncclforensics.mdout import markdown
+    from ncclforensics.report.render import CONTEXT_LINES
 
     fail = _fail_on(fail_on)
     to_stdout = [name for name, on in (("--json", as_json), ("--md", as_md), ("--html -", html == "-")) if on]
@@ -247,14 +256,24 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
             several = note_several_runs(res, paths[0])
         progress.phase(f"diagnosing {plural(res.events.height, 'event')}")
         analysis = analyze_events(res)
+        analysis.path = paths if len(paths) > 1 else paths[0]
         diag = analysis.diagnosis
         repro = _reproducer(diag)
         page = None
-        if html_target is not None or folder is not None:
+        # the context lines are read back from the files once, as wide as the widest output wants
+        md_lines = MD_CONTEXT_LINES if context is None else context
+        wants_html = html_target is not None or folder is not None
+        wants_md = as_md or folder is not None
+        incident = None
+        if wants_html or wants_md or context is not None:
+            progress.phase("reading the lines around the evidence")
+            incident = build_context(analysis, radius=max(CONTEXT_LINES if wants_html else 0,
+                                                          md_lines if wants_md else 0, context or 0))
+        if wants_html:
             from ncclforensics.report.render import render_report
 
             progress.phase("writing the HTML report")
-            page = render_report(analysis, repro)
+            page = render_report(analysis, repro, incident=incident.narrowed(CONTEXT_LINES))
     finally:
         progress.close()
     if several and not quiet:
@@ -263,7 +282,7 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         outpaths.make_folder(folder)
         doc = json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n"
         outpaths.write_text(folder / "diagnosis.json", doc)
-        outpaths.write_text(folder / "report.md", markdown(diag, repro))
+        outpaths.write_text(folder / "report.md", markdown(diag, repro, context=incident.narrowed(md_lines)))
         outpaths.write_text(folder / "report.html", page)
         written = ["report.html", "diagnosis.json", "report.md"]
         if repro is not None:
@@ -274,9 +293,9 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     if as_json:
         outpaths.write_text(outpaths.STDOUT, json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n")
     elif as_md:
-        outpaths.write_text(outpaths.STDOUT, markdown(diag, repro))
+        outpaths.write_text(outpaths.STDOUT, markdown(diag, repro, context=incident.narrowed(md_lines)))
     elif html_target != outpaths.STDOUT:
-        _print_terminal(diag, color)
+        _print_terminal(diag, color, incident.narrowed(context) if context is not None else None)
     if not quiet:
         if folder is not None:
             err(f"Wrote {', '.join(written[:-1])} and {written[-1]} in {folder}.")
@@ -289,13 +308,13 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     return 0
 
 
-def _print_terminal(diag, color: ColorMode) -> None:
+def _print_terminal(diag, color: ColorMode, context=None) -> None:
     from ncclforensics.console import stdout_console, terminal_width
     from ncclforensics.termout import terminal
 
     width = terminal_width()
     console = stdout_console(color, width)
-    for line in terminal(diag, width=width):
+    for line in terminal(diag, width=width, context=context):
         console.print(line)
 
 
@@ -368,6 +387,9 @@ def scan(
         "--ray-address", help="Ray cluster to join, e.g. 'auto' (default: RAY_ADDRESS, else local).")] = None,
     no_reports: Annotated[bool, typer.Option(
         "--no-reports", help="Skip runs/<id>/report.html; diagnosis.json is always written.")] = False,
+    self_contained: Annotated[bool, typer.Option(
+        "--self-contained", help="Inline plotly.js in every report (+0.5 MB each) instead of one shared "
+        "OUTDIR/assets/ copy.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Analyze every run again, ignoring the cache.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")] = False,
     list_only: Annotated[bool, typer.Option(
@@ -384,7 +406,7 @@ def scan(
     _guard(outpaths.folder_target, out_dir, "-o")
     code = _guard(scan_command, root, out_dir, jobs=jobs, depth=depth, glob=glob, timeout=timeout,
                   engine=engine.value, ray_address=ray_address, quiet=quiet, force=force,
-                  reports=not no_reports)
+                  reports=not no_reports, self_contained=self_contained)
     raise typer.Exit(code or 0)
 
 

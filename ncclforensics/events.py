@@ -99,28 +99,6 @@ def path_hints(name: str) -> FileContext:
     return ctx
 
 
-class _Chain:
-    """head bytes, then the rest of a stream."""
-
-    def __init__(self, head: bytes, rest) -> None:
-        self._head = head
-        self._rest = rest
-
-    def read(self, n: int = -1) -> bytes:
-        if self._head:
-            if n < 0:
-                out, self._head = self._head + self._rest.read(), b""
-                return out
-            out, self._head = self._head[:n], self._head[n:]
-            return out
-        return self._rest.read(n)
-
-    def readinto(self, b) -> int:  # gzip and isal readers ask for it on streams of unknown size (stdin)
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-
 # Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
 # and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
 # scanner's bursts (it works in batches, LineScanner.flush).
@@ -338,7 +316,7 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
     head = first[: decode.HEAD_SIZE]
     kind = decode.sniff(head)
     if kind == "gzip" and archive.compression_of(src.name) is None:
-        stream = archive.decompressing(_Chain(first, stream), "gz", src.size, src.name)
+        stream = archive.decompressing(decode.Chained(first, stream), "gz", src.size, src.name)
         first = stream.read(decode.HEAD_SIZE)
         head = first
         kind = decode.sniff(head)
@@ -355,7 +333,7 @@ def _read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Calla
             return len(data)
         if used == "document":
             raise decode.BinaryContent("JSON document, not a log (neither error.json nor a Flight Recorder dump)")
-        stream, first = _Chain(data, stream), b""
+        stream, first = decode.Chained(data, stream), b""
     if kind == "utf-16":
         chunks = decode.utf16_chunks(stream, first)
     elif decode.cr_only(head):
@@ -473,7 +451,7 @@ def _read_json(data: bytes, ctx: FileContext) -> bool | str:
         lines = stack.splitlines()
         blk, _ = blocks.parse_traceback(lambda k: lines[k] if k < len(lines) else None, 0)
         if blk is not None:
-            for key in ("frames", "stack", "exc_type"):
+            for key in ("frames", "stack", "exc_type", "user_frames"):
                 extra[key] = blk.extra.get(key)
             op = blk.fields.get("op")
     ctx.rows.append(_valid_text({

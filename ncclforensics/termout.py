@@ -55,7 +55,8 @@ def _note(text: str, width: int, indent: str = "  ") -> list[Text]:
     return [Text(ln, style="dim") for ln in lines]
 
 
-def terminal(diag: Diagnosis, *, width: int = 80) -> list[Text]:
+def terminal(diag: Diagnosis, *, width: int = 80, context=None) -> list[Text]:
+    """`context`: an incident.IncidentContext to print after the evidence (`analyze -C N`)."""
     v = diag.verdict
     head = Text("VERDICT  ", style="bold")
     unknown = v.root_cause is RootCause.UNKNOWN
@@ -70,6 +71,10 @@ def terminal(diag: Diagnosis, *, width: int = 80) -> list[Text]:
     if v.evidence:
         lines += [Text(""), Text("Evidence:", style="bold")]
         lines += _evidence(v, width)
+    if context is not None:
+        from ncclforensics.contextout import text_lines
+
+        lines += [Text(ln, style=style) for ln, style in text_lines(context, width=width)]
     if v.fixes:
         lines += [Text("")]
         lines += _fix(v, width)

@@ -72,6 +72,9 @@ def test_wheel_diagnoses_the_sample_from_another_folder(installed, tmp_path):
     where = _run([str(installed / "python"), "-c",
                   "import ncclforensics.parse.signatures as s; print(s.PATTERNS_DIR)"], cwd=elsewhere).stdout
     assert Path(where.strip()).parent.name == "ncclforensics" and ROOT not in Path(where.strip()).parents
+    # the report's vendored plotly.js ships too (report/assets)
+    _run([exe, "analyze", str(ROOT / "sample_logs"), "--html", "r.html", "-q"], cwd=elsewhere)
+    assert 'id="plotly-gz"' in (elsewhere / "r.html").read_text()
 
 
 def test_wheel_without_catalogue_fails_loudly(installed, tmp_path):

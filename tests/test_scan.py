@@ -243,6 +243,33 @@ def test_report_per_run_and_escaping(tmp_path):
         assert not report.exists() and row["report_error"] is None
 
 
+def test_reports_share_one_plotly_copy(tmp_path):
+    """Per-run reports load plotly.js from OUTDIR/assets/ (one copy for the scan); --self-contained
+    inlines it in each, and switching re-renders the cached runs."""
+    from ncclforensics.report.bundle import bundle
+
+    for prefix in ("013", "019"):
+        case = next(c for c in CASES if c.name.startswith(prefix))
+        _copy_case(case, tmp_path / "root" / case.name)
+    out = tmp_path / "out"
+    scan(tmp_path / "root", out, jobs=1, progress=False)
+    asset = out / "assets" / bundle().asset_name
+    assert asset.is_file() and (out / "assets" / "plotly-LICENSE.txt").is_file()
+    reports = sorted(out.glob("runs/*/report.html"))
+    assert len(reports) == 2
+    for rep in reports:
+        html = rep.read_text()
+        assert f'<script src="../../assets/{bundle().asset_name}"></script>' in html
+        assert 'id="plotly-gz"' not in html and len(html.encode()) <= 200_000
+        assert (rep.parent / "../../assets" / bundle().asset_name).resolve() == asset.resolve()
+    res = scan(tmp_path / "root", out, jobs=1, progress=False, self_contained=True)
+    assert res.analyzed == 2
+    for rep in reports:
+        html = rep.read_text()
+        assert 'id="plotly-gz"' in html and "<script src" not in html and len(html.encode()) <= 1_600_000
+    assert scan(tmp_path / "root", out, jobs=1, progress=False, self_contained=True).analyzed == 0
+
+
 def test_user_errors(tmp_path):
     with pytest.raises(NoInputError):
         scan(tmp_path / "missing", tmp_path / "out", progress=False)

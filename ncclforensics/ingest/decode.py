@@ -121,3 +121,25 @@ class CrToLf:
 
     def read(self, n: int = -1) -> bytes:
         return self._inner.read(n).replace(b"\r", b"\n")
+
+
+class Chained:
+    """`head` bytes (already read to sniff the content), then the rest of a stream."""
+
+    def __init__(self, head: bytes, rest) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n < 0:
+                out, self._head = self._head + self._rest.read(), b""
+                return out
+            out, self._head = self._head[:n], self._head[n:]
+            return out
+        return self._rest.read(n)
+
+    def readinto(self, b) -> int:  # gzip and isal readers ask for it on streams of unknown size (stdin)
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)

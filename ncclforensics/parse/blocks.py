@@ -49,6 +49,30 @@ def _exc_line(body: str) -> re.Match[str] | None:
     return m
 
 
+# Frames of installed libraries and of torch itself, never the user's own code: where a stack
+# leaves these is the line an engineer opens first.
+_LIBRARY_PATH = re.compile(
+    r"(?:site|dist)-packages/|/lib/python\d|^<|(?:^|/)torch/(?:distributed|nn|autograd|utils|cuda|_\w+)/|"
+    r"/bin/[^/.]+$")  # an environment's entry point (bin/torchrun, bin/deepspeed)
+MAX_USER_FRAMES = 4
+
+
+def is_library_path(path: str) -> bool:
+    return bool(_LIBRARY_PATH.search(path.replace("\\", "/")))
+
+
+def short_path(path: str, parts: int = 2) -> str:
+    """`/home/user/train/make_sample.py` -> `train/make_sample.py`: enough to find the file, short to show."""
+    return "/".join(path.replace("\\", "/").rstrip("/").split("/")[-parts:])
+
+
+def user_frames(frames: Sequence[dict]) -> list[dict]:
+    """The innermost user (non-library) frames of a stack given innermost last, innermost last."""
+    out = [{"file": short_path(f["file"]), "line": f["line"], "fn": f["fn"], "code": f.get("code", "")}
+           for f in frames if f.get("file") and not is_library_path(str(f["file"]))]
+    return out[-MAX_USER_FRAMES:]
+
+
 def op_from_frames(frames: Sequence[dict]) -> str | None:
     """The collective a stack was in: the innermost torch.distributed (or autograd, for DDP's
     gradient all-reduce) frame whose function issues one. Gloo prints no OpType (§6)."""
@@ -94,7 +118,8 @@ def parse_traceback(bodies: Callable[[int], str | None], start: int) -> tuple[Bl
             # (raised inside the DataLoader's fetch path = a worker died, FORMATS.md §11)
             stack = list(dict.fromkeys(f"{f['file'].rsplit('/', 1)[-1]}:{f['fn']}" for f in frames))[-40:]
             blk = Block(kind="exception", line_offset=i, detail=f"{exc_type}: {msg}"[:1500] if msg else exc_type,
-                        extra={"exc_type": exc_type, "frames": tail, "stack": stack, "start_offset": start})
+                        extra={"exc_type": exc_type, "frames": tail, "stack": stack, "start_offset": start,
+                               "user_frames": user_frames(frames)})
             op = op_from_frames(frames)
             if op:
                 blk.fields["op"] = op
@@ -122,7 +147,7 @@ def parse_fault_stack(bodies: Callable[[int], str | None], start: int) -> tuple[
     frames.reverse()  # innermost last, as in a traceback
     blk = Block(kind="fault_stack", line_offset=start,
                 extra={"frames": [{"file": f["file"].rsplit("/", 1)[-1], "line": f["line"], "fn": f["fn"]}
-                                  for f in frames[-6:]]})
+                                  for f in frames[-6:]], "user_frames": user_frames(frames)})
     op = op_from_frames(frames)
     if op:
         blk.fields["op"] = op

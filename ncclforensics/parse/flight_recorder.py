@@ -10,8 +10,10 @@ import re
 from typing import Any
 
 from ncclforensics.model import op_from_profiling_name
+from ncclforensics.parse.blocks import user_frames
 
 MAX_DUMP_BYTES = 256 << 20
+FRAMES_OF_LAST = 8  # entries per dump whose stack frames are kept
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
 
 
@@ -82,6 +84,26 @@ def _int(v: Any) -> int | None:
         return None
 
 
+def _wall_ts(ns: Any) -> dt.datetime | None:
+    """A `time_*_ns` field as a naive UTC datetime; 0, null and monotonic clocks (small numbers) give None."""
+    t_ns = _int(ns)
+    if not t_ns or t_ns <= 10**17:  # wall-clock ns since the epoch (UTC) only
+        return None
+    try:
+        return dt.datetime.fromtimestamp(t_ns / 1e9, dt.UTC).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _frames(raw: Any) -> list[dict]:
+    """An entry's `frames` (innermost first: name, filename, line) -> the innermost user frames, innermost last."""
+    if not isinstance(raw, list):
+        return []
+    stack = [{"file": str(f.get("filename") or "")[:500], "line": _int(f.get("line")) or 0,
+              "fn": str(f.get("name") or "")[:200]} for f in raw[:200] if isinstance(f, dict)]
+    return user_frames(list(reversed(stack)))
+
+
 def _numel(sizes: Any) -> int | None:
     if not isinstance(sizes, list) or not sizes:
         return 0 if isinstance(sizes, list) else None
@@ -135,16 +157,21 @@ def dump_rows(obj: dict, *, file: str, rank: int | None) -> list[dict]:
         name = str(e.get("profiling_name") or "")
         is_p2p = bool(e.get("is_p2p"))
         seq = _int(e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id"))
-        ts = None
-        t_ns = _int(e.get("time_created_ns"))
-        if t_ns and t_ns > 10**17:  # wall-clock ns since the epoch (UTC)
-            ts = dt.datetime.fromtimestamp(t_ns / 1e9, dt.UTC).replace(tzinfo=None)
+        ts = _wall_ts(e.get("time_created_ns"))
+        started = _wall_ts(e.get("time_discovered_started_ns"))
+        completed = _wall_ts(e.get("time_discovered_completed_ns"))
         state = str(e.get("state") or "")
         extra = {
             "profiling_name": name, "state": state, "pg_desc": pg_desc, "is_p2p": is_p2p,
             "input_sizes": e.get("input_sizes") if isinstance(e.get("input_sizes"), list) else None,
             "output_sizes": e.get("output_sizes") if isinstance(e.get("output_sizes"), list) else None,
             "record_id": _int(e.get("record_id")), "duration_ms": e.get("duration_ms"),
+            # when the watchdog saw it start and complete (NCCL; gloo records neither): the timeline draws them
+            "started": started.isoformat() if started else None,
+            "completed": completed.isoformat() if completed else None,
+            # the entries near the end only: the hang is there, and a dump of 2,000 entries x 1,000 ranks
+            # would otherwise carry the same call site a million times
+            "user_frames": _frames(e.get("frames")) if i >= len(entries) - FRAMES_OF_LAST else [],
         }
         rows.append({
             "file": file, "line": i + 1, "ts": ts, "rank": rank, "source": "flight_recorder",

@@ -1,14 +1,11 @@
-"""Analysis -> what the two charts draw: the per-rank frontier and the key-event timeline, capped for scale."""
+"""Analysis -> the frontier chart's view-model: where each rank stood per process group, and its state."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
 
 import polars as pl
-
-from ncclforensics.report.words import short
 
 # Per-rank states of Diagnosis.ranks (analysis.rank_rows) plus ranks with no log line at all.
 STATES = ("culprit", "crashed", "waiting", "seen", "no_log")
@@ -18,6 +15,17 @@ STATE_TEXT = {
     "waiting": "failed waiting for a peer",
     "seen": "no failure line",
     "no_log": "no log lines",
+}
+STATE_COLORS = {
+    "culprit": "#c62828",
+    "crashed": "#ef6c00",
+    "waiting": "#1565c0",
+    "seen": "#90a4ae",
+    "no_log": "#e6e6e6",
+}
+# the words inside a strip cell (the legend above the chart has the long ones)
+STATE_SHORT = {
+    "culprit": "culprit", "crashed": "failed", "waiting": "waiting", "seen": "no failure", "no_log": "no log",
 }
 MAX_STRIP_RANKS = 20_000
 MAX_PGS = 4
@@ -62,28 +70,6 @@ class FrontierView:
     stuck_seq: int | None
     stuck_op: str
     stuck_source: str
-
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    ts: str  # ISO, UTC, microseconds: what plotly reads
-    lane: str
-    kind: str
-    rank: int | None
-    host: str
-    where: str
-    text: str
-    culprit: bool
-    root: bool
-
-
-@dataclass(frozen=True)
-class TimelineView:
-    events: tuple[TimelineEvent, ...]
-    lanes: tuple[str, ...]  # top to bottom
-    total: int  # key events with a timestamp
-    untimed: int  # key events without one (not drawn)
-    first_timeout: TimelineEvent | None
 
 
 def frontier_view(analysis) -> FrontierView:
@@ -165,102 +151,3 @@ def _strip(analysis) -> tuple[RankState, ...]:
         where = " ".join(x for x in (_where(row), sizes.get(rank, "")) if x)
         out.append(RankState(rank, row.get("host") or "", state if state in STATES else "seen", where))
     return tuple(out)
-
-
-# Key events for the timeline: kind -> lane (plain words). Lanes are drawn top to bottom in this
-# order, causes first, reactions last; kinds not listed get a lane named after the kind.
-LANES: dict[str, str] = {}
-for _lane, _kinds in (
-    ("GPU / CUDA error", ("xid", "gpu_lost", "cuda_error", "health_check_failed")),
-    ("out of memory", ("cuda_oom", "cpu_oom", "oom_killer")),
-    ("DataLoader worker", ("worker_killed", "worker_fault", "loader_error")),
-    ("crash / exception", ("segfault", "fatal_signal", "cpp_terminate", "gloo_enforce", "exception",
-                           "error_file", "nccl_error_trace")),
-    ("NCCL / network error", ("nccl_error", "remote_error", "nccl_warn", "nccl_unhandled", "comm_aborted")),
-    ("store / rendezvous", ("socket_connect_failed", "store_timeout", "store_conn_lost", "rendezvous_error",
-                            "server_bind_failed")),
-    ("launch / config", ("wrong_device",)),
-    ("checkpoint save", ("ckpt_save",)),
-    ("application", ("nonfinite_loss", "side_work", "gil_hang")),
-    ("training step", ("step_progress",)),
-    ("collective mismatch", ("fingerprint_mismatch", "desync_report", "monitored_barrier")),
-    ("timeout / hang", ("watchdog_timeout", "gloo_timeout", "watchdog_exception", "heartbeat_hang")),
-    ("peer closed", ("peer_closed",)),
-    ("Flight Recorder", ("dump_signal", "fr_dump", "fr_entry")),
-    ("teardown", ("teardown", "closing_signal", "agent_signal")),
-    ("process exit", ("child_failed", "worker_failed", "error_file_copy")),
-):
-    for _k in _kinds:
-        LANES[_k] = _lane
-LANE_ORDER = tuple(dict.fromkeys(LANES.values()))
-# Bookkeeping rows: plentiful and never a failure by themselves.
-NOISE_KINDS = frozenset({
-    "fr_entry", "fr_pg", "fr_status", "nccl_init", "nccl_init_start", "nccl_version", "nccl_net", "pg_init",
-    "env_setting", "watchdog_status", "rendezvous_ranks", "spawn_bootstrap",
-})
-TIMEOUT_KINDS = ("watchdog_timeout", "gloo_timeout")
-MAX_PER_LANE = 250
-MAX_POINTS = 1500
-
-
-def _iso(ts: datetime) -> str:
-    return ts.strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-def timeline_view(analysis) -> TimelineView:
-    ev: pl.DataFrame = analysis.context.events
-    diag = analysis.diagnosis
-    culprits = set(diag.verdict.culprit_ranks)
-    culprit_hosts = set(diag.verdict.culprit_hosts)
-    if ev.is_empty():
-        return TimelineView((), (), 0, 0, None)
-    ff = diag.first_failure
-    root_key = (ff.file, ff.line) if ff is not None else None
-    # the verdict's own evidence is key whatever its kind (a Flight Recorder entry can be the root)
-    cited = pl.DataFrame(
-        {"file": [e.file for e in diag.verdict.evidence], "line": [e.line for e in diag.verdict.evidence]},
-        schema={"file": pl.Utf8, "line": pl.UInt32},
-    ).unique()
-    is_cited = pl.struct("file", "line").is_in(cited.to_struct().implode())
-    key = ev.filter(~pl.col("kind").is_in(list(NOISE_KINDS)) | is_cited)
-    untimed = key.filter(pl.col("ts").is_null()).height
-    key = key.filter(pl.col("ts").is_not_null())
-    # one point per (kind, rank, host, second-long burst) is enough: retries and duplicated
-    # console/--log-dir copies of a line say nothing new; the root row is never folded away
-    is_root = (pl.col("file") == root_key[0]) & (pl.col("line") == root_key[1]) if root_key else pl.lit(False)
-    key = key.with_columns(pl.col("ts").dt.truncate("1s").alias("_sec"), is_root.alias("_root"))
-    key = key.sort(["_root", "ts"], descending=[True, False]).unique(
-        subset=["kind", "rank", "host", "_sec"], keep="first", maintain_order=True).sort(["ts", "rank"])
-    lanes: dict[str, list[dict]] = {}
-    for r in key.iter_rows(named=True):
-        lanes.setdefault(LANES.get(r["kind"], f"other: {r['kind']}"), []).append(r)
-    budget = max(40, MAX_POINTS // max(1, len(lanes)))
-    events: list[TimelineEvent] = []
-    for lane, rows in lanes.items():
-        for r in _sample(rows, min(MAX_PER_LANE, budget), culprits, root_key):
-            is_root = root_key is not None and (r["file"], r["line"]) == root_key
-            events.append(TimelineEvent(
-                ts=_iso(r["ts"]), lane=lane, kind=r["kind"], rank=r["rank"], host=r["host"] or "",
-                where=f"{r['file']}:{r['line']}", text=short(r["detail"] or r["text"], 120),
-                culprit=(r["rank"] in culprits) if r["rank"] is not None else (r["host"] in culprit_hosts),
-                root=is_root,
-            ))
-    events.sort(key=lambda e: (e.ts, e.rank if e.rank is not None else -1))
-    present = set(lanes)
-    order = [x for x in LANE_ORDER if x in present] + sorted(present - set(LANE_ORDER))
-    first_to = next((e for e in events if e.kind in TIMEOUT_KINDS), None)
-    return TimelineView(tuple(events), tuple(order), key.height, untimed, first_to)
-
-
-def _sample(rows: list[dict], cap: int, culprits: set[int], root_key) -> list[dict]:
-    """Keep culprit rows, the root row and the earliest rows, then spread the rest evenly in time."""
-    if len(rows) <= cap:
-        return rows
-    must = [i for i, r in enumerate(rows)
-            if r["rank"] in culprits or (root_key and (r["file"], r["line"]) == root_key)][: cap // 2]
-    keep = set(must) | set(range(min(10, cap)))
-    room = cap - len(keep)
-    if room > 0:
-        step = len(rows) / room
-        keep |= {int(i * step) for i in range(room)}
-    return [rows[i] for i in sorted(keep)]

@@ -1,22 +1,48 @@
-"""View-model -> plotly figures as HTML fragments (plotly.js itself is inlined once by render.py)."""
+"""View-models -> plotly figure specs (JSON data; the report's script draws them once plotly.js is loaded)."""
 
 from __future__ import annotations
 
-import functools
 import html
-from datetime import datetime, timedelta
+import json
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ncclforensics.report.chartdata import STATE_TEXT, STATES, FrontierView, RankState, TimelineView
+from ncclforensics.report import bundle
+from ncclforensics.report.chartdata import (
+    STATE_COLORS,
+    STATE_SHORT,
+    STATE_TEXT,
+    STATES,
+    FrontierView,
+    RankState,
+)
+from ncclforensics.report.timeline import FR_STEPS, TimelineEvent, TimelineView
+from ncclforensics.report.words import short
 
-COLORS = {
-    "culprit": "#c62828",
-    "crashed": "#ef6c00",
-    "waiting": "#1565c0",
-    "seen": "#90a4ae",
-    "no_log": "#e6e6e6",
+COLORS = STATE_COLORS
+# timeline categories: causes warm, reactions cool, bookkeeping grey (timeline.CATEGORIES)
+CATEGORY_STYLE = {
+    "GPU / CUDA error": ("#b71c1c", "x"),
+    "out of memory": ("#ad1457", "x"),
+    "DataLoader worker": ("#6a1b9a", "x"),
+    "crash / exception": ("#d84315", "x"),
+    "NCCL / network error": ("#e65100", "diamond"),
+    "store / rendezvous": ("#4527a0", "diamond"),
+    "launch / config": ("#827717", "diamond"),
+    "checkpoint save": ("#2e7d32", "square"),
+    "application": ("#00838f", "square"),
+    "training step": ("#90a4ae", "circle"),
+    "collective mismatch": ("#f9a825", "diamond"),
+    "timeout / hang": ("#1565c0", "hourglass"),
+    "peer closed": ("#0277bd", "circle-open"),
+    "Flight Recorder dump": ("#5d4037", "square-open"),
+    "teardown": ("#78909c", "circle-open"),
+    "process exit": ("#455a64", "circle"),
+    "collective enqueued": ("#9e9e9e", "triangle-right-open"),
+    "collective started": ("#66bb6a", "triangle-right"),
+    "collective completed": ("#2e7d32", "line-ns-open"),
 }
 INK = "#1f2933"
 MUTED = "#607080"
@@ -24,8 +50,19 @@ GRID = "#eceff1"
 FONT = dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=13, color=INK)
 CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False,
           "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d", "toImage"]}
-STRIP_TEXT_MAX = 24  # print the op inside each rank's cell up to this many ranks
+STRIP_TEXT_MAX = 24  # print the state inside each rank's cell up to this many ranks
 BAND_MAX = 40  # shade the culprit ranks' columns up to this many culprits
+LABEL_PX = 70  # room one culprit label needs on the rank axis
+NARROW_PLOT_PX = 300  # the plot area at a phone's width: culprit labels closer than this share one label
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One figure for the template: a div id, its height, and the spec plotly.newPlot reads."""
+
+    id: str
+    height: int
+    spec: dict
 
 
 def _e(s: object) -> str:
@@ -33,18 +70,11 @@ def _e(s: object) -> str:
     return html.escape(str(s), quote=False) if s is not None else ""
 
 
-@functools.cache
-def plotly_js() -> str:
-    """The plotly.js bundle shipped inside the installed plotly package (no network)."""
-    import plotly.offline
-
-    return plotly.offline.get_plotlyjs()
-
-
-def _to_div(fig: go.Figure, div_id: str) -> str:
-    # a fixed div id keeps the page deterministic (golden test) and lets the tests find the chart
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=CONFIG,
-                       default_width="100%", default_height=f"{int(fig.layout.height)}px")
+def _chart(fig: go.Figure, div_id: str) -> Chart:
+    bundle.check_traces(t.type for t in fig.data)
+    spec = json.loads(fig.to_json())  # plotly's own encoder: numpy values, dates
+    spec["config"] = CONFIG
+    return Chart(id=div_id, height=int(fig.layout.height), spec=spec)
 
 
 def _layout(fig: go.Figure, *, height: int) -> None:
@@ -56,6 +86,7 @@ def _layout(fig: go.Figure, *, height: int) -> None:
     )
 
 
+# -- the frontier: ranks x SeqNum, and each rank's state ----------------------------------
 def _strip_hover(s: RankState) -> str:
     lines = [f"<b>rank {s.rank}</b>"]
     if s.host:
@@ -67,8 +98,7 @@ def _strip_hover(s: RankState) -> str:
 
 
 def _cell_text(s: RankState) -> str:
-    text = f"<b>{STATE_TEXT[s.state]}</b>"
-    return text + ("<br>" + _e(s.where) if s.where else "")
+    return STATE_SHORT[s.state] + ("<br>" + _e(s.where) if s.where else "")
 
 
 def _strip_trace(view: FrontierView) -> go.Heatmap:
@@ -84,7 +114,8 @@ def _strip_trace(view: FrontierView) -> go.Heatmap:
         z=[[STATES.index(s.state) + 0.5 for s in strip]], zmin=0, zmax=k, colorscale=scale, showscale=False,
         xgap=1 if len(strip) <= 256 else 0,
         text=[[_cell_text(s) if show_text else "" for s in strip]],
-        texttemplate="%{text}" if show_text else None, textfont=dict(size=12, color="white"),
+        # no textfont: plotly's "auto" size fits the cell and its "auto" colour contrasts with it
+        texttemplate="%{text}" if show_text else None,
         customdata=[[_strip_hover(s) for s in strip]], hovertemplate="%{customdata}<extra></extra>",
         name="state",
     )
@@ -144,7 +175,7 @@ def _pos_traces(pg_index: int, view: FrontierView) -> list[go.Scatter]:
     return traces
 
 
-def frontier_chart(view: FrontierView) -> str | None:
+def frontier_chart(view: FrontierView) -> Chart | None:
     """Ranks on x; per PG the SeqNum each rank reached, and below, each rank's state."""
     if not view.strip and not view.pgs:
         return None
@@ -156,11 +187,6 @@ def frontier_chart(view: FrontierView) -> str | None:
         for tr in _pos_traces(i, view):
             fig.add_trace(tr, row=i + 1, col=1)
         _seq_axis(fig, view, pg, row=i + 1)
-    if npg:
-        placed = {r.rank for pg in view.pgs for r in pg.ranks if r.culprit}
-        for r in [c for c in view.culprits if c not in placed][:BAND_MAX // 4]:
-            fig.add_annotation(x=r, y=0.8, xref="x", yref="y domain", text=f"rank {r}:<br>no SeqNum<br>in its logs",
-                               showarrow=False, font=dict(color=COLORS["culprit"], size=13))
     if view.strip:
         fig.add_trace(_strip_trace(view), row=rows, col=1)
         fig.update_yaxes(title_text="state", showticklabels=False, ticks="", row=rows, col=1, fixedrange=True)
@@ -169,9 +195,9 @@ def frontier_chart(view: FrontierView) -> str | None:
     fig.update_xaxes(tickformat="d", showgrid=False, zeroline=False, range=[-0.5, max(n, 1) - 0.5],
                      **(dict(dtick=1) if n <= 32 else {}))
     _mark_culprits(fig, view, n=n, rows=rows)
-    _layout(fig, height=120 + 260 * npg + (110 if npg else 150))
+    _layout(fig, height=120 + 260 * npg + 110 if npg else 210)
     fig.update_layout(hovermode="x" if npg else "closest")
-    return _to_div(fig, "chart-frontier")
+    return _chart(fig, "chart-frontier")
 
 
 def _seq_axis(fig: go.Figure, view: FrontierView, pg, *, row: int) -> None:
@@ -182,9 +208,30 @@ def _seq_axis(fig: go.Figure, view: FrontierView, pg, *, row: int) -> None:
     fig.update_yaxes(title_text=_e(f"PG {pg.pg} SeqNum"), tickformat="d", row=row, col=1, gridcolor=GRID,
                      zeroline=False, **(dict(dtick=1, range=[lo - 1.5, hi + 1.5]) if hi - lo <= 12 else {}))
     if pg.pg == view.stuck_pg and view.stuck_seq is not None:
-        fig.add_hline(y=view.stuck_seq, line=dict(color=MUTED, dash="dot", width=1), row=row, col=1,
-                      annotation_text=_e(f"stuck: {view.stuck_op or '?'} #{view.stuck_seq}"),
-                      annotation_position="top left", annotation_font=dict(color=MUTED, size=12))
+        # the dotted line is named in the legend, not by a text inside the plot: legend entries never
+        # collide with a culprit's label, whatever the width and the number of ranks
+        fig.add_hline(y=view.stuck_seq, line=dict(color=MUTED, dash="dot", width=1), row=row, col=1)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=MUTED, dash="dot", width=1),
+                                 name=_e(f"stuck: {view.stuck_op or '?'} #{view.stuck_seq}"), hoverinfo="skip"),
+                      row=row, col=1)
+
+
+def culprit_labels(culprits: tuple[int, ...], n: int) -> list[tuple[int, str]]:
+    """(x, text) per label: culprits closer on the axis than a label's width at a narrow plot share one,
+    so labels cannot overlap at any width (the report's script still separates what it measures)."""
+    min_gap = max(1.0, n * LABEL_PX / NARROW_PLOT_PX)
+    groups: list[list[int]] = []
+    for r in sorted(culprits):
+        if groups and r - groups[-1][0] < min_gap:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    out = []
+    for g in groups:
+        text = f"rank {g[0]}" if len(g) == 1 else (f"ranks {g[0]}, {g[1]}" if len(g) == 2 else
+                                                    f"ranks {g[0]}–{g[-1]} ({len(g)})")
+        out.append(((g[0] + g[-1]) // 2, text))
+    return out
 
 
 def _mark_culprits(fig: go.Figure, view: FrontierView, *, n: int, rows: int) -> None:
@@ -192,71 +239,87 @@ def _mark_culprits(fig: go.Figure, view: FrontierView, *, n: int, rows: int) -> 
     if not 0 < len(view.culprits) <= BAND_MAX:
         return
     half = max(0.5, n / 300)  # at 1,024 ranks one rank is a pixel: keep the band visible
-    label = view.strip and n > STRIP_TEXT_MAX and len(view.culprits) <= 8
     axis = str(rows) if rows > 1 else ""
     for r in view.culprits:
         fig.add_vrect(x0=r - half, x1=r + half, fillcolor=COLORS["culprit"], opacity=0.18, line_width=0,
                       layer="above", row="all", col=1)
-        if label:
-            fig.add_annotation(x=r, y=1, xref=f"x{axis}", yref=f"y{axis} domain", text=f"<b>rank {r}</b>",
-                               showarrow=True, arrowhead=2, arrowcolor=COLORS["culprit"], ax=0, ay=-22,
-                               font=dict(color=COLORS["culprit"], size=13), bgcolor="white")
+    if not (view.strip and n > STRIP_TEXT_MAX):
+        return
+    for x, text in culprit_labels(view.culprits, n):
+        fig.add_annotation(x=x, y=1, xref=f"x{axis}", yref=f"y{axis} domain", text=f"<b>{text}</b>",
+                           showarrow=True, arrowhead=2, arrowcolor=COLORS["culprit"], ax=0, ay=-22,
+                           font=dict(color=COLORS["culprit"], size=13), bgcolor="white")
 
 
-def _tl_hover(e) -> str:
+# -- the timeline ---------------------------------------------------------------------------------
+def _tl_hover(e: TimelineEvent) -> str:
     who = []
     if e.rank is not None:
         who.append(f"rank {e.rank}")
     if e.host:
         who.append(_e(e.host))
-    head = f"<b>{_e(e.kind)}</b>" + (" · " + " · ".join(who) if who else "")
+    head = f"<b>{_e(e.category)}</b>" + (" · " + " · ".join(who) if who else "")
     return "<br>".join([head, _e(e.ts[:23]) + " UTC", _e(e.where), _e(e.text)])
 
 
-def _time_range(view: TimelineView) -> dict:
-    """Events within a second or two: widen the axis so it reads in seconds, not microseconds."""
-    first = datetime.fromisoformat(view.events[0].ts)
-    last = datetime.fromisoformat(view.events[-1].ts)
-    if last - first >= timedelta(seconds=4):
-        return {}
-    mid = first + (last - first) / 2
-    return {"range": [(mid - timedelta(seconds=3)).isoformat(sep=" "), (mid + timedelta(seconds=3)).isoformat(sep=" ")]}
+def _lane_label(lane: str, culprit: bool) -> str:
+    text = _e(short(lane, 28))
+    return f'<span style="color:{COLORS["culprit"]}"><b>{text}</b></span>' if culprit else text
 
 
-def timeline_chart(view: TimelineView) -> str | None:
-    """Key events over time, one lane per kind of event; the root event is a star."""
+def timeline_chart(view: TimelineView) -> Chart | None:
+    """Key events and Flight Recorder steps over time, one lane per rank (or host); the root is a star."""
     if not view.events:
         return None
     fig = go.Figure()
-    groups = (
-        ("other events", lambda e: not e.culprit and not e.root,
-         dict(color="#78909c", size=8, symbol="circle", opacity=0.75)),
-        ("on the culprit", lambda e: e.culprit and not e.root,
-         dict(color=COLORS["culprit"], size=10, symbol="diamond")),
-        ("root event", lambda e: e.root,
-         dict(color=COLORS["culprit"], size=20, symbol="star", line=dict(color="#5d0000", width=1))),
-    )
-    for name, pick, marker in groups:
-        pts = [e for e in view.events if pick(e)]
+    for cat in view.categories:
+        pts = [e for e in view.events if e.category == cat and not e.root]
         if not pts:
             continue
+        color, symbol = CATEGORY_STYLE.get(cat, ("#8d6e63", "circle"))
+        small = cat in FR_STEPS or cat == "training step"
+        labelled = any(e.label for e in pts)
         fig.add_trace(go.Scatter(
-            x=[e.ts for e in pts], y=[e.lane for e in pts], mode="markers", name=name, marker=marker,
+            x=[e.ts for e in pts], y=[e.y for e in pts], mode="markers+text" if labelled else "markers",
+            name=_e(cat), text=[e.label for e in pts] if labelled else None, textposition="middle right",
+            textfont=dict(size=11, color=MUTED),
+            marker=dict(color=color, symbol=symbol, size=7 if small else 10, line=dict(width=1.5, color=color)),
             customdata=[_tl_hover(e) for e in pts], hovertemplate="%{customdata}<extra></extra>",
         ))
-    ft = view.first_timeout
-    if ft is not None:
-        fig.add_annotation(x=ft.ts, y=ft.lane, text="first timeout", showarrow=True, arrowhead=2, ax=0, ay=-28,
-                           font=dict(color=MUTED, size=12))
-    root = next((e for e in view.events if e.root), None)
-    if root is not None:
-        who = f"rank {root.rank}" if root.rank is not None else _e(root.host)
-        label = "root" + (f" · {who}" if who else "")
-        fig.add_annotation(x=root.ts, y=root.lane, text=f"<b>{label}</b>", showarrow=True, arrowhead=2, ax=0,
-                           ay=-32, font=dict(color=COLORS["culprit"], size=13))
-    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(view.lanes)), type="category",
-                     gridcolor=GRID, fixedrange=True)
-    fig.update_xaxes(title_text="time (UTC)", gridcolor=GRID, **_time_range(view))
-    _layout(fig, height=150 + 34 * len(view.lanes))
-    fig.update_layout(margin=dict(l=170, t=40))
-    return _to_div(fig, "chart-timeline")
+    if view.root is not None:
+        fig.add_trace(go.Scatter(
+            x=[view.root.ts], y=[view.root.y], mode="markers", name="root event",
+            marker=dict(color=COLORS["culprit"], size=20, symbol="star", line=dict(color="#5d0000", width=1)),
+            customdata=[_tl_hover(view.root)], hovertemplate="%{customdata}<extra></extra>",
+        ))
+    for e, label, color in _annotations(view):
+        fig.add_annotation(x=e.ts, y=e.y, text=label, showarrow=True, arrowhead=2, ax=0, ay=-30,
+                           font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.85)")
+    ticks = list(reversed(view.lanes))
+    culprit = set(view.culprit_lanes)
+    fig.update_yaxes(tickmode="array", tickvals=list(range(len(ticks))),
+                     ticktext=[_lane_label(x, x in culprit) for x in ticks],
+                     # headroom above the top row for the labels that point at its markers
+                     range=[-0.6, len(ticks) - 1 + (1.6 if view.root or view.last_seen or view.first_timeout else 0.6)],
+                     gridcolor=GRID, zeroline=False, fixedrange=True)
+    fig.update_xaxes(title_text="time (UTC)", gridcolor=GRID,
+                     **({"range": list(view.x_range)} if view.x_range else {}))
+    _layout(fig, height=170 + 30 * len(view.lanes))
+    longest = max((len(short(x, 28)) for x in view.lanes), default=8)
+    fig.update_layout(margin=dict(l=min(230, 24 + 8 * longest), t=60), hovermode="closest",
+                      legend=dict(y=1.0, yanchor="bottom"))
+    return _chart(fig, "chart-timeline")
+
+
+def _annotations(view: TimelineView) -> list[tuple[TimelineEvent, str, str]]:
+    out = []
+    if view.root is not None:
+        who = f"rank {view.root.rank}" if view.root.rank is not None else _e(view.root.host)
+        out.append((view.root, "<b>root" + (f" · {who}" if who else "") + "</b>", COLORS["culprit"]))
+    elif view.last_seen is not None:
+        e = view.last_seen
+        who = f"rank {e.rank}" if e.rank is not None else _e(e.host)
+        out.append((e, f"<b>{who}: last sign of its own</b>", COLORS["culprit"]))
+    if view.first_timeout is not None:
+        out.append((view.first_timeout, "first timeout", MUTED))
+    return out

@@ -5,8 +5,13 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from markupsafe import Markup
+
+from ncclforensics.incident import EvidenceContext, FrameGroup, IncidentContext, TailLine
 from ncclforensics.model import Evidence, Finding, RootCause
-from ncclforensics.report.chartdata import FrontierView, TimelineView, frontier_view, timeline_view
+from ncclforensics.report.chartdata import STATE_COLORS, STATE_TEXT, STATES, FrontierView, frontier_view
+from ncclforensics.report.richtext import to_html, to_inline_html
+from ncclforensics.report.timeline import TimelineView, timeline_view
 from ncclforensics.report.words import (
     collective_text,
     confidence_word,
@@ -49,6 +54,13 @@ MAX_FILES = 40
 
 # -- view-model ------------------------------------------------------------------------
 @dataclass(frozen=True)
+class ContextLineView:
+    no: int
+    text: str
+    hit: bool
+
+
+@dataclass(frozen=True)
 class EvidenceView:
     where: str  # file:line
     rank: str
@@ -56,19 +68,51 @@ class EvidenceView:
     time: str
     kind: str
     text: str
+    context: tuple[ContextLineView, ...] = ()  # ±N lines of its file, the line itself marked
+    context_note: str = ""  # why there are none
 
 
 @dataclass(frozen=True)
 class DocSection:
     heading: str
-    text: str
+    html: Markup  # the rule doc's Markdown, rendered with every tag of its text escaped
 
 
 @dataclass(frozen=True)
 class FixView:
     title: str
-    why: str
+    why: Markup
     code: str
+
+
+@dataclass(frozen=True)
+class TailLineView:
+    rank: str
+    where: str  # file:line
+    time: str
+    text: str
+    event: bool
+    skipped: int
+
+
+@dataclass(frozen=True)
+class FrameGroupView:
+    who: str
+    what: str
+    where: str
+    culprit: bool
+    frames: tuple[str, ...]  # "train/make_sample.py:68 in sync_gradients", innermost last
+    code: tuple[str, ...]  # the source line of each frame, when a traceback printed it
+
+
+@dataclass(frozen=True)
+class IncidentView:
+    radius: int
+    tail: tuple[TailLineView, ...]
+    tail_order: str
+    tail_ranks: str
+    frames: tuple[FrameGroupView, ...]
+    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -97,7 +141,7 @@ class VerdictView:
     has_culprit: bool
     collective: str
     first_failure: str
-    what_would_change: str
+    what_would_change: Markup  # a rule doc's Markdown or the analyzer's note, rendered
     what_would_change_label: str
 
 
@@ -133,6 +177,13 @@ class FactsView:
 
 
 @dataclass(frozen=True)
+class StateKey:
+    state: str
+    label: str
+    color: str
+
+
+@dataclass(frozen=True)
 class ReportView:
     title: str
     verdict: VerdictView
@@ -144,14 +195,52 @@ class ReportView:
     facts: FactsView
     repro: ReproView | None
     frontier: FrontierView
+    states: tuple[StateKey, ...]  # the legend: only the states some rank has
+    no_seq_culprits: str  # culprit ranks the frontier has no SeqNum for ("rank 14"), else ""
     timeline: TimelineView
+    incident: IncidentView
 
 
 # -- builders ----------------------------------------------------------------------------
-def _evidence(e: Evidence) -> EvidenceView:
+def _evidence(e: Evidence, ctx: EvidenceContext | None = None) -> EvidenceView:
+    lines = tuple(ContextLineView(x.no, x.text, x.hit) for x in ctx.lines) if ctx is not None else ()
     return EvidenceView(
         where=f"{e.file}:{e.line}", rank="" if e.rank is None else str(e.rank), host=e.host or "",
-        time=fmt_ts(e.ts), kind=e.kind or "", text=short(e.text, 600),
+        time=fmt_ts(e.ts), kind=e.kind or "", text=short(e.text, 600), context=lines,
+        context_note=ctx.note if ctx is not None else "",
+    )
+
+
+def _verdict_evidence(v: Finding, incident: IncidentContext) -> tuple[EvidenceView, ...]:
+    """The verdict's evidence lines, each once (console and per-rank copies of one line are two lines)."""
+    by_spot = {(c.file, c.line): c for c in incident.evidence}
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for e in v.evidence:
+        if (e.file, e.line) in seen:
+            continue
+        seen.add((e.file, e.line))
+        out.append(_evidence(e, by_spot.get((e.file, e.line))))
+    return tuple(out)
+
+
+def _tail_line(t: TailLine) -> TailLineView:
+    return TailLineView(rank="" if t.rank is None else str(t.rank), where=f"{t.file}:{t.no}", time=t.ts,
+                        text=t.text, event=t.event, skipped=t.skipped)
+
+
+def _frame_group(g: FrameGroup) -> FrameGroupView:
+    return FrameGroupView(
+        who=g.who, what=g.what, where=g.where, culprit=g.culprit,
+        frames=tuple(f"{f.file}:{f.line} in {f.fn}" for f in g.frames), code=tuple(f.code for f in g.frames),
+    )
+
+
+def _incident(incident: IncidentContext) -> IncidentView:
+    return IncidentView(
+        radius=incident.radius, tail=tuple(_tail_line(t) for t in incident.tail), tail_order=incident.tail_order,
+        tail_ranks=incident.tail_ranks, frames=tuple(_frame_group(g) for g in incident.frames),
+        notes=incident.notes,
     )
 
 
@@ -161,7 +250,7 @@ def _doc(f: Finding, *, shown: str) -> tuple[DocSection, ...]:
     doc = dict(rule.doc) if rule is not None else {}
     doc = {**f.doc, **doc}
     keys = [k for k in (*DOC_SECTIONS, "what_would_settle_it") if doc.get(k) and str(doc[k]).strip() != shown]
-    return tuple(DocSection(DOC_HEADINGS.get(k, k), str(doc[k]).strip()) for k in keys)
+    return tuple(DocSection(DOC_HEADINGS.get(k, k), to_html(str(doc[k]).strip())) for k in keys)
 
 
 def _finding(f: Finding) -> FindingView:
@@ -191,7 +280,7 @@ def _verdict(diag) -> VerdictView:
         confidence=f"{v.confidence:.2f}", confidence_word=confidence_word(v.confidence),
         culprits=culprit_text(v), has_culprit=bool(v.culprit_ranks or v.culprit_hosts),
         collective=collective_text(v), first_failure=first,
-        what_would_change=change, what_would_change_label=label,
+        what_would_change=to_inline_html(change), what_would_change_label=label,
     )
 
 
@@ -215,19 +304,38 @@ def _facts(analysis) -> FactsView:
     )
 
 
-def build_view(analysis, repro=None) -> ReportView:
+def _states(frontier: FrontierView) -> tuple[StateKey, ...]:
+    present = {s.state for s in frontier.strip}
+    return tuple(StateKey(s, STATE_TEXT[s], STATE_COLORS[s]) for s in STATES if s in present)
+
+
+def _no_seq_culprits(frontier: FrontierView) -> str:
+    if not frontier.pgs:
+        return ""
+    placed = {r.rank for pg in frontier.pgs for r in pg.ranks if r.culprit}
+    missing = [c for c in frontier.culprits if c not in placed]
+    if not missing:
+        return ""
+    return ("rank " if len(missing) == 1 else "ranks ") + rank_ranges(missing, count=False)
+
+
+def build_view(analysis, repro=None, *, incident: IncidentContext) -> ReportView:
     diag = analysis.diagnosis
     v = diag.verdict
-    evidence = tuple(_evidence(e) for e in v.evidence[:MAX_EVIDENCE])
+    all_evidence = _verdict_evidence(v, incident)
+    evidence = all_evidence[:MAX_EVIDENCE]
     rv = None
     if repro is not None:
         rv = ReproView(command=repro.command, script=repro.script, world_size=getattr(repro, "world_size", None))
     title = f"{v.root_cause.value}: {short(v.title, 100)} — {diag.facts.path}"
     verdict = _verdict(diag)
+    frontier = frontier_view(analysis)
+    shown = (diag.missing or v.doc.get("known_false_positives", "")).strip()  # the verdict card's caveat
     return ReportView(
-        title=title, verdict=verdict, doc=_doc(v, shown=verdict.what_would_change.strip()), evidence=evidence,
-        more_evidence=max(0, len(v.evidence) - MAX_EVIDENCE),
-        fixes=tuple(FixView(x.title, x.why, textwrap.dedent(x.code).strip("\n")) for x in v.fixes),
+        title=title, verdict=verdict, doc=_doc(v, shown=shown), evidence=evidence,
+        more_evidence=max(0, len(all_evidence) - MAX_EVIDENCE),
+        fixes=tuple(FixView(x.title, to_inline_html(x.why), textwrap.dedent(x.code).strip("\n")) for x in v.fixes),
         findings=tuple(_finding(f) for f in diag.findings), facts=_facts(analysis), repro=rv,
-        frontier=frontier_view(analysis), timeline=timeline_view(analysis),
+        frontier=frontier, states=_states(frontier), no_seq_culprits=_no_seq_culprits(frontier),
+        timeline=timeline_view(analysis), incident=_incident(incident),
     )

@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
 
 from ncclforensics import __version__
+from ncclforensics.incident import IncidentContext, build_context
 from ncclforensics.jsonout import diagnosis_dict
-from ncclforensics.report import charts
-from ncclforensics.report.chartdata import STATE_TEXT, STATES
+from ncclforensics.report import bundle, charts
 from ncclforensics.report.context import build_view
 
 TEMPLATES = Path(__file__).parent / "templates"
+CONTEXT_LINES = 10  # lines above and below each evidence line (collapsed in the report)
+
+
+@dataclass(frozen=True)
+class PlotlyAsset:
+    """How the report gets plotly.js: inline (gzip, base64) or from a shared file next to it (a scan)."""
+
+    package: str
+    version: str
+    license: str
+    src: str | None  # relative URL of the shared copy
+    gz_base64: str | None  # the inline bundle
 
 
 @functools.cache
@@ -33,8 +46,19 @@ def _asset(name: str) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
 
-def render_report(analysis, repro=None, *, generated: datetime | None = None) -> str:
-    view = build_view(analysis, repro)
+def plotly_asset(src: str | None) -> PlotlyAsset:
+    b = bundle.bundle()
+    return PlotlyAsset(package=b.package, version=b.version, license=b.license, src=src,
+                       gz_base64=None if src else bundle.gzipped_base64())
+
+
+def render_report(analysis, repro=None, *, generated: datetime | None = None, plotly_src: str | None = None,
+                  incident: IncidentContext | None = None) -> str:
+    """The report as one HTML string. `plotly_src`: a relative URL of a shared plotly.js file (scan
+    reports); None inlines the bundle. `incident`: context lines already read (else read here)."""
+    if incident is None:
+        incident = build_context(analysis, radius=CONTEXT_LINES)
+    view = build_view(analysis, repro, incident=incident)
     frontier = charts.frontier_chart(view.frontier)
     timeline = charts.timeline_chart(view.timeline)
     diag_doc = diagnosis_dict(analysis.diagnosis, repro)
@@ -43,12 +67,10 @@ def render_report(analysis, repro=None, *, generated: datetime | None = None) ->
         v=view,
         css=_asset("report.css"),
         js=_asset("report.js"),
-        # the only |safe values of the template: our CSS/JS, plotly.js, and plotly's own chart divs
-        # (log text inside a chart is JSON-escaped by plotly and HTML-escaped by charts._e)
-        plotly_js=charts.plotly_js() if (frontier or timeline) else None,
+        # the only |safe values of the template are our own CSS and JS; chart specs go through |tojson
+        plotly=plotly_asset(plotly_src) if (frontier or timeline) else None,
         frontier_chart=frontier,
         timeline_chart=timeline,
-        states=[(s, STATE_TEXT[s], charts.COLORS[s]) for s in STATES],
         diagnosis_json=json.loads(json.dumps(diag_doc, default=str)),
         tool_version=__version__,
         generated=when,

@@ -44,7 +44,7 @@ def confidence_word(c: float) -> str:
 
 
 def culprit_text(f: Finding) -> str:
-    """Same words as textout._ranks, with rank lists folded into ranges."""
+    """The culprit in words, rank lists folded into ranges (terminal, --md and the report say it alike)."""
     hosts = names(f.culprit_hosts)
     if f.culprit_ranks:
         word = "rank" if len(f.culprit_ranks) == 1 else "ranks"

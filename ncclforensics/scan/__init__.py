@@ -52,10 +52,12 @@ class ScanResult:
         return self.analyzed / self.seconds if self.seconds > 0 else 0.0
 
 
-def _cache_hit(doc: dict | None, spec: RunSpec, timeout: float, reports: bool) -> bool:
+def _cache_hit(doc: dict | None, spec: RunSpec, timeout: float, reports: bool, self_contained: bool) -> bool:
     if doc is None or doc.get("key") != spec.key:
         return False
     if reports and not doc.get("reports", True):  # analyzed without a report, one is wanted now
+        return False
+    if reports and bool(doc.get("self_contained", True)) != self_contained:  # the report's plotly.js moves
         return False
     # a run that timed out is tried again when the new limit is longer
     return not (doc.get("status") == "timeout" and float(doc.get("timeout_s") or 0) < timeout)
@@ -123,8 +125,12 @@ class _Progress:
 
 def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | None = None, depth: int | None = None,
          glob: str | None = None, timeout: float = 600, engine: str = "process", ray_address: str | None = None,
-         progress: bool = True, force: bool = False, reports: bool = True) -> ScanResult:
-    """Scan ROOT into OUTDIR (see the module docstring). Raises ForensicsError subclasses for user errors."""
+         progress: bool = True, force: bool = False, reports: bool = True,
+         self_contained: bool = False) -> ScanResult:
+    """Scan ROOT into OUTDIR (see the module docstring). Raises ForensicsError subclasses for user errors.
+
+    Per-run reports load plotly.js from one shared OUTDIR/assets/ copy; `self_contained` inlines it in
+    each report instead (~0.5 MB more per report)."""
     from ncclforensics.scan import engines
     from ncclforensics.scan.index import write_index
     from ncclforensics.scan.summary import summary_frame, write_tables
@@ -160,7 +166,12 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
         for stale in out.glob(".*.tmp"):  # a summary write cut short by a kill
             stale.unlink(missing_ok=True)
         result = ScanResult(out_dir=out, runs=len(specs))
-        todo = [s for s in specs if force or not _cache_hit(read_result(out, s.id), s, timeout, reports)]
+        todo = [s for s in specs
+                if force or not _cache_hit(read_result(out, s.id), s, timeout, reports, self_contained)]
+        if reports and not self_contained:
+            from ncclforensics.scan.worker import write_shared_assets
+
+            write_shared_assets(out)
         result.cached = len(specs) - len(todo)
         bar = _Progress(len(todo), progress)
 
@@ -169,7 +180,7 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
             bar.advance(res.get("status") != "ok")
 
         try:
-            payload = [{**s.as_dict(), "reports": reports} for s in todo]
+            payload = [{**s.as_dict(), "reports": reports, "self_contained": self_contained} for s in todo]
             if todo and engine == "ray":
                 engines.run_ray(payload, out, jobs=jobs, timeout=timeout, address=ray_address, on_result=on_result)
             elif todo:
@@ -201,14 +212,14 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
 def scan_command(root: Path, out_dir: Path, *, jobs: int | None = None, depth: int | None = None,
                  glob: str | None = None, timeout: float = 600, engine: str = "process",
                  ray_address: str | None = None, quiet: bool = False, force: bool = False,
-                 reports: bool = True) -> int:
+                 reports: bool = True, self_contained: bool = False) -> int:
     """The `ncclforensics scan` command: scan, print one summary line on stderr, return the exit code
     (0 whenever the scan completed, whatever the verdicts and failed rows)."""
     import sys
 
     res = scan(root, out_dir, jobs=jobs, depth=depth, glob=glob, timeout=timeout, engine=engine,
                ray_address=ray_address, progress=not quiet and sys.stderr.isatty(), force=force,
-               reports=reports)
+               reports=reports, self_contained=self_contained)
     if not quiet:
         from ncclforensics.console import plural
 

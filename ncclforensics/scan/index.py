@@ -86,11 +86,16 @@ def _next(d: dt.date, unit: str) -> dt.date:
     return (d.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
 
 
+CHART_W, CHART_H, LEFT, RIGHT, TOP, BASE = 960, 270, 44, 16, 16, 200  # the SVG's own units (viewBox)
+MIN_BUCKETS = 7  # a run or two on one day still sits on a readable axis: a week around it
+
+
 def _timeline(rows: list[dict]) -> dict:
-    """Stacked bars per day, week or month (the finest that fits MAX_BUCKETS), empty ones included."""
+    """Stacked bars per day, week or month (the finest that fits MAX_BUCKETS), empty ones included,
+    laid out in a fixed viewBox the page scales to the card's width."""
     dated = [(t.astimezone(dt.UTC).date(), _cls(r)) for r in rows if (t := _when(r)) is not None]
     if not dated:
-        return {"bars": [], "undated": len(rows), "unit": "day", "width": 0, "height": 0, "labels": [], "max": 0}
+        return {"bars": [], "undated": len(rows), "unit": "day", "labels": [], "max": 0, "ticks": []}
     lo, hi = min(d for d, _ in dated), max(d for d, _ in dated)
     span = (hi - lo).days
     unit = "day" if span < MAX_BUCKETS else "week" if span < 7 * MAX_BUCKETS else "month"
@@ -101,26 +106,32 @@ def _timeline(rows: list[dict]) -> dict:
     while k <= hi:
         keys.append(k)
         k = _next(k, unit)
+    while unit == "day" and len(keys) < MIN_BUCKETS:  # pad both sides with empty days
+        keys = [keys[0] - dt.timedelta(days=1), *keys] if len(keys) % 2 else [*keys, keys[-1] + dt.timedelta(days=1)]
     top = max(sum(c.values()) for c in counts.values())
     n = len(keys)
-    bar_w = max(4, min(40, 960 // n))
-    chart_h, base, left = 180, 200, 40
+    slot = (CHART_W - LEFT - RIGHT) / n
+    bar_w = max(1.0, min(slot * 0.8, 56.0))
+    chart_h = BASE - TOP
     bars, labels = [], []
-    step = max(1, -(-n * 70 // (n * bar_w)))  # a label every ~70 px
+    step = max(1, -(-90 // int(max(slot, 1))))  # a label every ~90 units
     for i, key in enumerate(keys):
         label = key.strftime("%Y-%m") if unit == "month" else key.isoformat()
-        y = float(base)
+        x = LEFT + i * slot + (slot - bar_w) / 2
+        y = float(BASE)
         segs = []
         for cls, cnt in sorted(counts.get(key, Counter()).items()):
             h = max(1.0, chart_h * cnt / top)
             y -= h
             segs.append({"y": round(y, 1), "h": round(h, 1), "color": COLORS.get(cls, "#888"),
                          "tip": f"{label}: {cls} {cnt}"})
-        bars.append({"x": left + i * bar_w, "w": max(1, bar_w - 1), "segs": segs})
+        bars.append({"x": round(x, 1), "w": round(bar_w, 1), "segs": segs})
         if i % step == 0:
-            labels.append({"x": left + i * bar_w, "text": label})
-    return {"bars": bars, "undated": len(rows) - len(dated), "unit": unit, "width": left + n * bar_w + 80,
-            "height": 275, "labels": labels, "max": top}
+            labels.append({"x": round(LEFT + i * slot + slot / 2, 1), "text": label})
+    ticks = sorted({0, top} | ({top // 2} if top >= 4 else set()))
+    return {"bars": bars, "undated": len(rows) - len(dated), "unit": unit, "labels": labels, "max": top,
+            "ticks": [{"y": round(BASE - chart_h * t / top, 1), "text": t} for t in ticks],
+            "w": CHART_W, "h": CHART_H, "left": LEFT, "base": BASE}
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -137,8 +148,9 @@ def page_context(df: pl.DataFrame, *, root: str, stats: dict) -> dict:
     rows = df.to_dicts()
     by_class = Counter(_cls(r) for r in rows)
     total = max(1, len(rows))
-    classes = [{"name": c, "n": n, "pct": round(100 * n / total, 1), "color": COLORS.get(c, "#888")}
-               for c, n in by_class.most_common()]
+    most = max(by_class.values(), default=1)
+    classes = [{"name": c, "n": n, "pct": round(100 * n / total, 1), "width": round(100 * n / most, 1),
+                "color": COLORS.get(c, "#888")} for c, n in by_class.most_common()]
     table = []
     for r in rows[:TABLE_LIMIT]:
         when = _when(r)
@@ -186,27 +198,43 @@ TEMPLATE = r"""<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>ncclforensics scan: {{ root }}</title>
 <style>
+*{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#1f2937;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
-header .sub{color:#cbd5e1;font-size:13px;word-break:break-all}
+header .sub{color:#cbd5e1;font-size:13px;overflow-wrap:anywhere}
 main{padding:16px 24px;max-width:1500px}
-section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:12px 16px;margin:0 0 16px}
+section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:12px 16px;margin:0 0 16px;min-width:0}
 h2{font-size:16px;margin:0 0 10px}
 .facts span{display:inline-block;margin-right:18px}.facts b{font-size:18px}
-.bars .row{display:flex;align-items:center;margin:3px 0}.bars .lbl{width:160px}
-.bars .bar{height:16px;border-radius:2px;min-width:2px}.bars .n{margin-left:8px;color:#555}
+.bars .row{display:flex;align-items:center;margin:3px 0;gap:8px}.bars .lbl{flex:0 0 150px;overflow-wrap:anywhere}
+.bars .track{flex:0 1 420px;min-width:0}
+.bars .bar{display:block;height:16px;border-radius:2px;min-width:2px}.bars .n{flex:0 0 auto;color:#555}
+/* a table wider than its card scrolls inside it; the page itself never does */
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{border-bottom:1px solid #eee;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f3f4f6;position:sticky;top:0}
 table.sortable th{cursor:pointer;user-select:none;white-space:nowrap}
 table.sortable th[data-dir=asc]::after{content:" \25B2"}table.sortable th[data-dir=desc]::after{content:" \25BC"}
-td.path{word-break:break-all;min-width:200px;max-width:360px}td.note{max-width:420px;color:#444}
+td.path{overflow-wrap:anywhere;min-width:9em;max-width:26em}td.note{min-width:10em;max-width:30em;color:#444}
+td.links{overflow-wrap:anywhere;min-width:12em}
+td.nw{white-space:nowrap}td.when{min-width:6.5em}
 .chip{display:inline-block;padding:0 6px;border-radius:8px;color:#fff;font-size:12px;white-space:nowrap}
 .muted{color:#777}.err{color:#b91c1c}
-input#filter{padding:4px 8px;width:320px;margin-bottom:8px}
-.legend span{margin-right:12px;white-space:nowrap}
+input#filter{padding:4px 8px;width:320px;max-width:100%;margin-bottom:8px}
+.legend span{margin-right:12px;white-space:nowrap;display:inline-block}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
-svg text{font-size:10px;fill:#555}
+svg.over-time{display:block;width:100%;min-width:520px;height:auto}
+svg.over-time text{font-size:13px;fill:#555}
+.opt-note{display:none}
+@media (max-width:1100px){.opt{display:none}.opt-note{display:block}table.sortable th{white-space:normal}
+td.nw{white-space:normal}
+/* the seven columns left share the card's width; below ~560 px the table scrolls inside its card */
+#runs{table-layout:fixed;min-width:520px}#runs td{overflow-wrap:anywhere;min-width:0;max-width:none}
+#runs th:nth-child(1){width:22%}#runs th:nth-child(2){width:18%}#runs th:nth-child(3){width:7%}
+#runs th:nth-child(4){width:9%}#runs th:nth-child(6){width:13%}#runs th:nth-child(7){width:13%}
+#runs .chip{white-space:normal;overflow-wrap:anywhere}}
+@media (max-width:600px){main{padding:10px}header{padding:10px 12px}.bars .lbl{flex-basis:110px}}
 </style></head>
 <body>
 {% macro links(h) %}{% for l in h.links %}<a href="{{ l.href }}">{{ l.path }}</a>{% if not loop.last %}, {% endif %}
@@ -224,7 +252,7 @@ svg text{font-size:10px;fill:#555}
 <section><h2>Root causes</h2><div class="bars">
 {% for c in classes %}
 <div class="row"><span class="lbl">{{ c.name }}</span>
-<span class="bar" style="width:{{ c.pct * 6 }}px;background:{{ c.color }}"></span>
+<span class="track"><span class="bar" style="width:{{ c.width }}%;background:{{ c.color }}"></span></span>
 <span class="n">{{ c.n }} ({{ c.pct }} %)</span></div>
 {% endfor %}
 </div></section>
@@ -232,13 +260,13 @@ svg text{font-size:10px;fill:#555}
 <section><h2>Repeat-offender hosts</h2>
 {% if hosts %}
 <p class="muted">Hosts with Xids or culprit ranks in two or more runs.</p>
-<table class="sortable"><thead><tr><th>host</th><th data-t="n">runs</th><th data-t="n">with Xids</th>
-<th data-t="n">as culprit</th><th>Xid codes (runs)</th><th>runs</th></tr></thead><tbody>
+<div class="scroll"><table class="sortable"><thead><tr><th>host</th><th data-t="n">runs</th>
+<th data-t="n">with Xids</th><th data-t="n">as culprit</th><th>Xid codes (runs)</th><th>runs</th></tr></thead><tbody>
 {% for h in hosts %}
-<tr><td>{{ h.name }}</td><td>{{ h.runs }}</td><td>{{ h.xid_runs }}</td><td>{{ h.culprit_runs }}</td>
-<td>{{ h.codes }}</td><td>{{ links(h) }}</td></tr>
+<tr><td class="nw">{{ h.name }}</td><td>{{ h.runs }}</td><td>{{ h.xid_runs }}</td><td>{{ h.culprit_runs }}</td>
+<td>{{ h.codes }}</td><td class="links">{{ links(h) }}</td></tr>
 {% endfor %}
-</tbody></table>
+</tbody></table></div>
 {% else %}<p class="muted">No host has Xids or culprit ranks in more than one run.</p>{% endif %}
 </section>
 
@@ -246,13 +274,13 @@ svg text{font-size:10px;fill:#555}
 {% if gpus %}
 <p class="muted">GPUs named by Xids (host + PCI bus id) or holding a culprit rank (host + local rank)
 in two or more runs.</p>
-<table class="sortable"><thead><tr><th>GPU</th><th data-t="n">runs</th><th data-t="n">with Xids</th>
+<div class="scroll"><table class="sortable"><thead><tr><th>GPU</th><th data-t="n">runs</th><th data-t="n">with Xids</th>
 <th data-t="n">as culprit</th><th>runs</th></tr></thead><tbody>
 {% for h in gpus %}
-<tr><td>{{ h.name }}</td><td>{{ h.runs }}</td><td>{{ h.xid_runs }}</td><td>{{ h.culprit_runs }}</td>
-<td>{{ links(h) }}</td></tr>
+<tr><td class="nw">{{ h.name }}</td><td>{{ h.runs }}</td><td>{{ h.xid_runs }}</td><td>{{ h.culprit_runs }}</td>
+<td class="links">{{ links(h) }}</td></tr>
 {% endfor %}
-</tbody></table>
+</tbody></table></div>
 {% else %}<p class="muted">No GPU is named in more than one run.</p>{% endif %}
 </section>
 
@@ -261,16 +289,20 @@ in two or more runs.</p>
 <p class="muted">Runs per {{ timeline.unit }}{% if timeline.unit == "week" %} (starting Mondays){% endif %}
  by first failure time (else the run's last log timestamp), UTC.
 {% if timeline.undated %} {{ timeline.undated }} run(s) have no timestamp.{% endif %}</p>
-<div style="overflow-x:auto">
-<svg width="{{ timeline.width }}" height="{{ timeline.height }}" role="img" aria-label="failures over time">
-<line x1="38" y1="200" x2="{{ timeline.width }}" y2="200" stroke="#999"/>
-<text x="2" y="24">{{ timeline.max }}</text><text x="2" y="200">0</text>
+<div class="scroll">
+<svg class="over-time" viewBox="0 0 {{ timeline.w }} {{ timeline.h }}" preserveAspectRatio="xMinYMin meet"
+ role="img" aria-label="failures over time">
+<line x1="{{ timeline.left - 4 }}" y1="{{ timeline.base }}" x2="{{ timeline.w }}" y2="{{ timeline.base }}"
+ stroke="#999"/>
+{% for t in timeline.ticks %}<text x="{{ timeline.left - 8 }}" y="{{ t.y + 4 }}" text-anchor="end">{{ t.text }}</text>
+{% endfor %}
 {% for b in timeline.bars %}{% for s in b.segs %}
 <rect x="{{ b.x }}" y="{{ s.y }}" width="{{ b.w }}" height="{{ s.h }}" fill="{{ s.color }}">
 <title>{{ s.tip }}</title></rect>
 {% endfor %}{% endfor %}
 {% for l in timeline.labels %}
-<text x="{{ l.x }}" y="212" transform="rotate(40 {{ l.x }} 212)">{{ l.text }}</text>
+<text x="{{ l.x }}" y="{{ timeline.base + 16 }}"
+ transform="rotate(35 {{ l.x }} {{ timeline.base + 16 }})">{{ l.text }}</text>
 {% endfor %}
 </svg></div>
 <div class="legend">
@@ -284,23 +316,27 @@ in two or more runs.</p>
 {% if truncated %}
 <p class="muted">The first {{ table|length }} runs by path; {{ truncated }} more are in summary.csv.</p>
 {% endif %}
+<p class="muted opt-note">Narrow window: culprit hosts, Xids, hosts, world size and size are in summary.csv and in
+each report; widen the window to see them here.</p>
+<div class="scroll">
 <table class="sortable" id="runs"><thead><tr>
-<th>run</th><th>root cause</th><th data-t="n">conf.</th><th>culprit ranks</th><th>culprit hosts</th><th>collective</th>
-<th>first failure (UTC)</th><th>Xids</th><th data-t="n">hosts</th><th data-t="n">world</th><th data-t="n">size</th>
-<th>title / error</th>
+<th>run</th><th>root cause</th><th data-t="n">conf.</th><th>culprit ranks</th><th class="opt">culprit hosts</th>
+<th>collective</th><th>first failure (UTC)</th><th class="opt">Xids</th><th class="opt" data-t="n">hosts</th>
+<th class="opt" data-t="n">world</th><th class="opt" data-t="n">size</th><th>title / error</th>
 </tr></thead><tbody>
 {% for r in table %}
 <tr><td class="path">{% if r.href %}<a href="{{ r.href }}">{{ r.path }}</a>{% else %}{{ r.path }}{% endif %}</td>
 <td><span class="chip" style="background:{{ r.color }}">{{ r.cls }}</span>
 {% if r.status != "ok" %} <span class="err">{{ r.status }}</span>{% endif %}</td>
 <td data-v="{{ r.conf_v }}">{{ r.conf }}</td>
-<td>{{ r.culprits }}</td><td>{{ r.culprit_hosts }}</td><td>{{ r.collective }}</td>
-<td data-v="{{ r.when_v }}">{{ r.when }}</td><td>{{ r.xids }}</td>
-<td title="{{ r.hosts_list }}">{{ r.hosts }}</td><td data-v="{{ r.world }}">{{ r.world }}</td>
-<td data-v="{{ r.size_v }}">{{ r.size }}</td>
+<td>{{ r.culprits }}</td><td class="opt">{{ r.culprit_hosts }}</td><td class="nw">{{ r.collective }}</td>
+<td class="when" data-v="{{ r.when_v }}">{{ r.when }}</td><td class="opt">{{ r.xids }}</td>
+<td class="opt" title="{{ r.hosts_list }}">{{ r.hosts }}</td><td class="opt" data-v="{{ r.world }}">{{ r.world }}</td>
+<td class="opt nw" data-v="{{ r.size_v }}">{{ r.size }}</td>
 <td class="note{% if r.status != 'ok' %} err{% endif %}">{{ r.note }}</td></tr>
 {% endfor %}
 </tbody></table>
+</div>
 </section>
 </main>
 <script>

@@ -51,7 +51,8 @@ def result_doc(spec: dict, status: str, row: dict, *, error: str | None = None, 
     full = {**base_row(spec), **row, "status": status, "error": error, "elapsed_s": round(elapsed, 3),
             "analyzed_at": now_iso()}
     return {"schema": RESULT_SCHEMA, "id": spec["id"], "key": spec["key"], "status": status,
-            "reports": bool(spec.get("reports", True)), "row": full, **extra}
+            "reports": bool(spec.get("reports", True)), "self_contained": bool(spec.get("self_contained", False)),
+            "row": full, **extra}
 
 
 def error_result(spec: dict, status: str, message: str, elapsed: float = 0.0, **extra) -> dict:
@@ -129,7 +130,33 @@ def _reproducer(diag):
         return None
 
 
-def _report(analysis, repro) -> tuple[str | None, str | None]:
+ASSETS = "assets"  # OUTDIR/assets/: the plotly.js every per-run report of a scan loads
+
+
+def shared_plotly_src() -> str:
+    """The shared bundle's URL from OUTDIR/runs/<id>/report.html."""
+    from ncclforensics.report.bundle import bundle
+
+    return f"../../{ASSETS}/{bundle().asset_name}"
+
+
+def write_shared_assets(out_dir: Path) -> None:
+    """OUTDIR/assets/plotly-cartesian-<version>.min.js and its licence, written once, atomically."""
+    from ncclforensics.report.bundle import ASSETS as VENDORED
+    from ncclforensics.report.bundle import bundle, plain_js
+
+    d = out_dir / ASSETS
+    d.mkdir(parents=True, exist_ok=True)
+    js = d / bundle().asset_name
+    text = plain_js()
+    if not js.exists() or js.stat().st_size != len(text.encode("utf-8")):
+        atomic_write(js, text)
+    lic = d / "plotly-LICENSE.txt"
+    if not lic.exists():
+        atomic_write(lic, (VENDORED / "plotly-LICENSE.txt").read_text(encoding="utf-8"))
+
+
+def _report(analysis, repro, *, self_contained: bool = True) -> tuple[str | None, str | None]:
     """(html, problem): no html and no problem while the report module does not exist yet."""
     try:
         from ncclforensics.report.render import render_report
@@ -140,7 +167,7 @@ def _report(analysis, repro) -> tuple[str | None, str | None]:
     except Exception as exc:
         return None, f"report unavailable ({type(exc).__name__}: {exc})"
     try:
-        return render_report(analysis, repro), None
+        return render_report(analysis, repro, plotly_src=None if self_contained else shared_plotly_src()), None
     except Exception as exc:
         return None, f"report failed ({type(exc).__name__}: {str(exc)[:300]})"
 
@@ -166,7 +193,8 @@ def analyze_run(spec: dict, out_dir: str | None) -> dict:
             doc = diagnosis_dict(diag, repro)
             row = diagnosis_row(doc, analysis)
             files[DIAGNOSIS] = json.dumps(doc, indent=2, default=str, ensure_ascii=False) + "\n"
-            html, problem = _report(analysis, repro) if spec.get("reports", True) else (None, None)
+            html, problem = (_report(analysis, repro, self_contained=bool(spec.get("self_contained", False)))
+                             if spec.get("reports", True) else (None, None))
             if html is not None:
                 files[REPORT] = html
             row["report"] = html is not None
