@@ -49,7 +49,8 @@ def frontier(events: pl.DataFrame) -> pl.DataFrame:
     """One row per (pg, rank) that any collective-position evidence mentions. After a worker-group
     restart (torchrun attempt_<n> trees) SeqNums start again: the first attempt that failed in a
     collective is the one aligned (FORMATS.md §2.2: keep the first attempt's failure)."""
-    ev = events.filter(pl.col("rank").is_not_null())
+    # a fingerprint names its reporter in its text (`Rank A is running …`, §7.1): it needs no rank prefix
+    ev = events.filter(pl.col("rank").is_not_null() | (pl.col("kind").cast(pl.Utf8) == "fingerprint_mismatch"))
     attempt = pl.col("extra").str.json_path_match("$.attempt").cast(pl.Int64, strict=False)
     placed = ev.filter(pl.col("kind").cast(pl.Utf8).is_in([*STATUS_KINDS, *TIMEOUT_KINDS, "fr_entry"]))
     attempts = placed.select(attempt.drop_nulls().unique())

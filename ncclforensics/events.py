@@ -606,7 +606,9 @@ def _srun_ranks(df: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("kind") == "srun_task_exit").then(pl.col("extra").str.json_path_match("$.task")),
     ).cast(pl.Int64, strict=False)
     launched = df.filter((pl.col("source") == "torchrun") | pl.col("local_rank").is_not_null()).height
-    return _rank_from(df, task, allowed=not launched)
+    # with no torchrun line at all, srun started the workers themselves: the label is the rank even
+    # where no line also states its rank to check it against
+    return _rank_from(df, task, allowed=not launched, unchecked=True)
 
 
 def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:

@@ -85,6 +85,10 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     # `train.py:45: UserWarning: …`
     ("hostrank", re.compile(
         r"(?P<host>[A-Za-z][\w.\-]{0,253})(?<!\.py):(?P<gr>\d{1,6}): (?![\w.]*(?:Warning|Error)\b)(?=[^\n])")),
+    # a CI log viewer's gutter `  | ` before each pasted line, and pytest's `E   ` before a failure's
+    # lines (as in pasted CI output: corpus INDEX.md); only at the start of a line
+    ("gutter", re.compile(r" {0,4}\| (?=\S| )")),
+    ("pytest", re.compile(r"E   (?=\S| )")),
     # viewer line numbers `[40218] `
     ("lineno", re.compile(r"\[\d{1,9}\] (?=\S)")),
 ]
@@ -296,6 +300,9 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
         if env.ts is not None or env.sev is not None or env.rank is not None or key_started(env):
             return False  # pdsh's prefix comes first on the line
         env.host = g("host")
+    elif name in ("gutter", "pytest"):
+        if key_started(env) or env.ts is not None or env.sev is not None:
+            return False  # both come first on the line
     elif name == "applvl":
         env.sev = env.sev or g("lvl")[0]
     elif name == "apprank":

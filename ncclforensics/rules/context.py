@@ -206,7 +206,7 @@ class Context:
             rank = r["rank"]
             if rank is None or r["source"] == "flight_recorder" or not is_cause_row(r):
                 continue
-            if _is_agent_row(r) and (r.get("code") in (None, 0) or rank in symptomatic):
+            if _is_agent_row(r) and (r.get("code") == 0 or rank in symptomatic):
                 continue
             prev = out.get(rank)
             if prev is None or _earlier(r, prev):

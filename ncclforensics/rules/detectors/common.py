@@ -148,6 +148,13 @@ def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[st
     if len(own) == 1:
         return own, 1.0, [f"a line without a rank prefix was attributed to rank {own[0]}, "
                           "the only rank that failed on its own"]
+    if not own:
+        # the one rank the launcher saw exit by itself (not stopped by SIGTERM/SIGINT, no timeout of
+        # its own): whatever ended it, the unprefixed failure is its (FORMATS.md §8.2, §18.1)
+        exited = sorted(rk for rk, code in ctx.exit_codes.items() if code and signal_of_exit(code) not in (15, 2))
+        if len(exited) == 1:
+            return exited, 1.0, [f"a line without a rank prefix was attributed to rank {exited[0]}, the only "
+                                 "rank the launcher saw exit by itself"]
     return [], 1.0, []
 
 

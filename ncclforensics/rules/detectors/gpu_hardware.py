@@ -6,7 +6,15 @@ import datetime as dt
 
 from ncclforensics.model import RootCause
 from ncclforensics.rules.context import Context, extra
-from ncclforensics.rules.detectors.common import Hit, aftermath, attribute, detector, earliest_ts, stuck_collective
+from ncclforensics.rules.detectors.common import (
+    Hit,
+    aftermath,
+    attribute,
+    by_host_pid,
+    detector,
+    earliest_ts,
+    stuck_collective,
+)
 
 # A kernel log spans the node's uptime: a GPU fault this long before the run's first line of its own
 # (and before twice its longest collective timeout) belongs to an earlier job.
@@ -61,6 +69,21 @@ def gpu_fault(ctx: Context) -> list[Hit]:
         b = _bus(str(extra(r).get("pci") or ""))
         if b and (r["host"], b) in bus_rank:
             culprits.add(bus_rank[(r["host"], b)])
+    if not culprits:
+        # the process the driver names (Xid `pid=`), where a launcher line tied that pid to a rank
+        by_pid = by_host_pid(ctx)
+        for r in rows:
+            pid = extra(r).get("xid_pid")
+            if isinstance(pid, str) and pid.isdigit():
+                for key in ((r["host"], int(pid)), (None, int(pid))):
+                    if len(by_pid.get(key, ())) == 1:
+                        culprits |= by_pid[key]
+                        break
+    if not culprits:
+        # the one rank whose own watchdog got stuck: its GPU stopped answering (FORMATS.md §4.1, §21.4)
+        hung = {r["rank"] for r in ctx.rows("heartbeat_hang") if r["rank"] is not None}
+        if len(hung) == 1:
+            culprits = hung
     if not culprits and hosts:
         culprits = {rk for rk, h in ctx.rank_hosts.items() if h in hosts}
     if not culprits and not hosts:

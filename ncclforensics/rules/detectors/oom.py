@@ -38,13 +38,16 @@ def memory_exhausted(ctx: Context) -> list[Hit]:
         # matches a pid only if no two hosts share it
         by_pid = by_host_pid(ctx)
         culprits = sorted({next(iter(by_pid[key])) for r in killed
-                           if (key := (r["host"], extra(r).get("victim_pid"))) in by_pid and len(by_pid[key]) == 1})
+                           if (key := (r["host"], extra(r).get("victim_pid"))) in by_pid and len(by_pid[key]) == 1}
+                          | {r["rank"] for r in killed if r["rank"] is not None})  # srun's task = rank (§13)
         hosts = sorted({r["host"] for r in killed if r["host"]})
         if not culprits:
             culprits = sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts and rk in ctx.exit_codes
                               and ctx.exit_codes[rk] in (-9, 137))
         hits.append(Hit(culprits=culprits, evidence=ctx.evidence_rows(killed), hosts=hosts,
-                        fields={"what": "host memory (the kernel OOM killer)", **rank_fields(culprits),
+                        fields={"what": "host memory (the kernel OOM killer)" if any(r["kind"] == "oom_killer"
+                                                                                      for r in killed)
+                                else "host memory (Slurm's cgroup OOM handler)", **rank_fields(culprits),
                                 "aftermath": aftermath(ctx, culprits)},
                         ts=earliest_ts(killed), collective=stuck_collective(ctx),
                         params={"mode": "host", "signal": 9, "culprit_ranks": culprits}))

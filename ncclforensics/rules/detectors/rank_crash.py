@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ncclforensics.model import RootCause, rank_ranges
-from ncclforensics.rules.context import Context, is_symptom_row
+from ncclforensics.rules.context import Context, is_cause_row
 from ncclforensics.rules.detectors.common import (
     Hit,
     aftermath,
@@ -82,7 +82,7 @@ def rank_signal(ctx: Context) -> list[Hit]:
     codes = {rk: c for rk, c in ctx.exit_codes.items()
              if signal_of_exit(c) in _OWN_SIGNALS and rk not in raised}
     sig_rows = [r for r in ctx.rows("fatal_signal", "segfault", "cpp_terminate")
-                if not is_symptom_row(r) and r["rank"] not in raised]
+                if is_cause_row(r) and r["rank"] not in raised]
     # exit reports that name no rank (DeepSpeed, torch.distributed.launch: FORMATS.md §18.2, §18.5)
     rankless = [r for r in ctx.causes(RootCause.RANK_CRASH) if _is_exit_report(r) and r["rank"] is None
                 and signal_of_exit(r["code"]) in _OWN_SIGNALS]

@@ -358,8 +358,10 @@ def ddp_reducer(ctx: Context, divergent: bool = False) -> list[Hit]:
     # ranks that raised the reducer error without naming parameters, or never raised it
     raised = {r["rank"] for r in rows if r["rank"] is not None} | set(reporting)
     differ = len({frozenset(v) for v in params.values()}) > 1
+    # every rank's reducer checks its own graph at the same iteration: ranks seen in the same logs
+    # that did not raise ran every parameter, so the reporting ranks' graphs differed (§7.3)
     quiet = sorted(set(ctx.ranks_seen) - raised) if params else []
-    is_divergent = differ or (bool(params) and bool(quiet) and bool(ctx.symptom_ranks & set(quiet)))
+    is_divergent = differ or (bool(params) and bool(quiet))
     if is_divergent != divergent:
         return []
     detail = " ".join(str(r["detail"] or "") for r in rows).lower()
