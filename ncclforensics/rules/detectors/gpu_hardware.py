@@ -39,6 +39,11 @@ def current_kernel_rows(ctx: Context, rows: list[dict]) -> tuple[list[dict], lis
     return keep, notes
 
 
+def _short(detail: str | None, limit: int = 70) -> str:
+    text = (detail or "").strip().rstrip(".")
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def _bus(pci: str) -> str | None:
     """'0000:4e:00' / '00000000:4E:00.0' / '4e000' -> '4e' (the bus, compared lower-case, §10.2, §21.1)."""
     pci = pci.lower()
@@ -93,7 +98,8 @@ def gpu_fault(ctx: Context) -> list[Hit]:
         hosts = sorted({ctx.rank_hosts[rk] for rk in culprits if rk in ctx.rank_hosts})
     before = all(r["ts"] is None or t_sym is None or r["ts"] <= t_sym for r in rows)
     first = rows[0]
-    what = f"Xid {first['code']}" if first["kind"] == "xid" else (first.get("detail") or "GPU fault")[:120]
+    what = (f"Xid {first['code']}: {_short(first.get('detail'))}" if first["kind"] == "xid"
+            else (first.get("detail") or "GPU fault")[:120])
     if first["kind"] == "xid" and extra(first).get("cause_xid") is not None:
         what += f", caused by Xid {extra(first)['cause_xid']}"
     where = (" on " + ", ".join(hosts)) if hosts else ""

@@ -30,7 +30,7 @@ def init_connectivity(ctx: Context) -> list[Hit]:
     missing = {extra(r)["key_rank"] for r in rows if r["kind"] == "store_timeout"
                and isinstance(extra(r).get("key_rank"), int)}  # the 2.13 key's last component (§6.2)
     hosts = {r["host"] for r in rows if r["kind"] == "socket_connect_failed" and r["host"]}
-    names = sorted({str(extra(r).get("host")) for r in rows if r["kind"] == "gai_error" and extra(r).get("host")})
+    names = sorted({str(extra(r).get("target")) for r in rows if r["kind"] == "gai_error" and extra(r).get("target")})
     joined = next(((extra(r).get("joined"), extra(r).get("expected")) for r in rows
                    if extra(r).get("expected") is not None), None)
     culprits = sorted(missing) or sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts)

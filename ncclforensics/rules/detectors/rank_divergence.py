@@ -144,6 +144,8 @@ def fingerprint_mismatch(ctx: Context) -> list[Hit]:
         sides.append(f"rank {a} ran {_fp(xr.get('seq_a'), r['op'], xr.get('shape_a'))}")
         if xr.get("rank_b") is not None:
             sides.append(f"rank {xr['rank_b']} ran {_fp(xr.get('seq_b'), xr.get('op_b'), xr.get('shape_b'))}")
+        else:
+            sides.append("the other side of the message is not in the log")
     aspects = (x.get("aspects") or "").strip()
     differ = f" They differ in: {aspects}." if aspects else ""
     return [Hit(
