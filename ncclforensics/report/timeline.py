@@ -25,7 +25,7 @@ for _cat, _kinds in (
     ("store / rendezvous", ("socket_connect_failed", "store_timeout", "store_conn_lost", "rendezvous_error",
                             "server_bind_failed")),
     ("launch / config", ("wrong_device",)),
-    ("checkpoint save", ("ckpt_save",)),
+    ("checkpoint save", ("ckpt_save", "ckpt_saved")),
     ("application", ("nonfinite_loss", "side_work", "gil_hang")),
     ("training step", ("step_progress",)),
     ("collective mismatch", ("fingerprint_mismatch", "desync_report", "monitored_barrier")),

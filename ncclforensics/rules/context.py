@@ -177,7 +177,7 @@ class Context:
         """Any sign that a collective completed or a step ran: a failure after this is no init failure."""
         if any(r["role"] == EvidenceRole.PROGRESS.value and r["kind"] != "fr_pg" for r in self.all_rows):
             return True
-        if self.rows("fingerprint_mismatch", "ckpt_save", "desync_report"):
+        if self.rows("fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report"):
             return True
         seqs = [r["seq"] for r in self.rows("watchdog_timeout", "watchdog_status") if r["seq"] is not None]
         return bool(seqs) and max(seqs) > 2

@@ -197,7 +197,7 @@ def named_by_peers(ctx: Context) -> list[Hit]:
 
 
 # -- a rank that never reached the collective -----------------------------------------------
-_NEWS_KINDS = ("ckpt_save", "side_work", "step_progress", "nonfinite_loss")
+_NEWS_KINDS = ("ckpt_save", "ckpt_saved", "side_work", "step_progress", "nonfinite_loss")
 _WORK_KINDS = ("ckpt_save", "side_work", "nonfinite_loss")
 MAIN_RANK = 0  # frameworks print progress, evaluation and save lines from the main process (§22)
 # a timeout fires `Timeout(ms)` after the collective was enqueued: a work line that long before the
@@ -206,39 +206,33 @@ TIMING_SLACK = dt.timedelta(seconds=90)
 
 
 def _news(ctx: Context, rank: int, adopted: list[dict]) -> list[dict]:
-    own = [r for r in ctx.all_rows if r["rank"] == rank and r["kind"] in _NEWS_KINDS] + adopted
+    own = [r for r in ctx.all_rows if r["rank"] == rank and r["kind"] in _NEWS_KINDS]
+    own += [dict(r, _adopted=True) for r in adopted]
     own.sort(key=lambda r: (r["ts"] is None, r["ts"], r["file"], r["line"]))
     return own
 
 
 def _still_in(news: list[dict], kind: str) -> bool:
-    """Whether `kind` of work (ckpt_save, side_work) is the rank's last news: it never came back.
+    """Whether the rank never came back from its last `kind` of work (ckpt_save, side_work).
 
-    Rows without a time from several files sort loosely, so the work counts when it is among the
-    last three news rows; news of another kind stamped later than the work (a later step, an
-    evaluation after the save) shows the rank came back from it. A save's own completion line
-    (`saved`, `is ready now`: FORMATS.md §22) ends it too.
+    For a save that is its last save *start*: the per-file lines that follow (`Model weights saved in`,
+    `[Torch] Saved <file>.`) are progress within it; only a whole-save completion of its own ends it
+    (`successfully saved`, `is ready now!`, `Checkpoint saved to`, `Model saved to`: FORMATS.md §22) —
+    a completion line without a rank prefix may be another writer's (DeepSpeed: every rank prints
+    them). News of another kind stamped later (a step, an evaluation) shows the rank came back. Rows
+    without a time sort loosely: then the work counts when it is among the last three news rows.
     """
     marks = [i for i, r in enumerate(news) if r["kind"] == kind]
-    if not marks or marks[-1] < len(news) - 3:
+    if not marks:
         return False
-    last = news[marks[-1]]
-    if kind == "ckpt_save" and _save_done(last):
-        return False
-    t = last["ts"]
-    return t is None or not any(r["kind"] != kind and r["ts"] is not None and r["ts"] > t
-                                for r in news[marks[-1] + 1:])
-
-
-def _save_done(row: dict) -> bool:
-    """A save's completion line (FORMATS.md §22): `successfully saved`, `Saved <file>.`, `is ready now!`,
-    `Model saved to`, `Model weights saved in` — not the small files written first (`Configuration
-    saved in …/config.json`, tokenizer files), which come before the weights."""
-    verb = str(extra(row).get("verb") or "").lower()
-    if not verb.startswith(("saved", "wrote", "written", "successfully", "finished", "done", "is ready")):
-        return False
-    text = str(row.get("detail") or row.get("text") or "").lower()
-    return not any(w in text for w in ("config", "tokenizer", "special tokens", "generation_config"))
+    i = marks[-1]
+    if kind == "ckpt_save" and any(r["kind"] == "ckpt_saved" and not r.get("_adopted") for r in news[i + 1:]):
+        return False  # its own completion ended the save
+    t = news[i]["ts"]
+    if t is None:
+        return i >= len(news) - 3
+    return not any(r["kind"] not in (kind, "ckpt_saved") and r["ts"] is not None and r["ts"] > t
+                   for r in news[i + 1:])
 
 
 def _timed_to(ctx: Context, work: dict) -> bool:
