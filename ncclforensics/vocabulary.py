@@ -235,6 +235,10 @@ class Vocabulary:
                .join(table, on="_k", how="left", maintain_order="left"))
         cond_specs = [self.specs[k] for k in kinds if k in self.specs and len(self.specs[k].meanings) > 1]
         if cond_specs:
+            # conditions read `extra` as JSON: evaluate them on the rows of those kinds only
+            out = out.with_row_index("_i")
+            of_cond = pl.col("_k").is_in([s.kind for s in cond_specs])
+            rest, out = out.filter(~of_cond), out.filter(of_cond)
             types = {**_MEANING_TYPES, "_default": pl.Boolean}
             exprs: dict[str, pl.Expr | None] = dict.fromkeys(types)
             for s in cond_specs:
@@ -249,6 +253,7 @@ class Vocabulary:
                         lit = pl.lit(v, dtype=types[c])
                         exprs[c] = pl.when(cond).then(lit) if exprs[c] is None else exprs[c].when(cond).then(lit)
             out = out.with_columns(**{c: e.otherwise(pl.col(c)) for c, e in exprs.items()})
+            out = pl.concat([rest, out], how="vertical_relaxed").sort("_i").drop("_i")
         undeclared = out.filter(pl.col("role").is_null())["_k"].unique().to_list()
         if undeclared:
             raise VocabularyError(f"event kind(s) {sorted(undeclared)} declared by no signature file")
