@@ -168,3 +168,27 @@ def _write(tmp_path: Path, text: str) -> Path:
     run.mkdir(exist_ok=True)
     (run / "console.log").write_text(text + "\n")
     return run
+
+
+def test_an_exit_code_does_not_explain_the_fabric_error_that_caused_it(tmp_path: Path):
+    """A NIC port error and completion errors (FORMATS.md §20.4, §20.5), then the worker's exit report from
+    torch.distributed.launch (§18.1): the exit is the error's consequence, not a crash that explains it."""
+    v = verdict(tmp_path, "\n".join([
+        "node-b07:4411:4502 [1] transport/net_ib.cc:92 NCCL WARN NET/IB : Got async event : port error",
+        "node-b07:4411:4490 [1] transport/net_ib.cc:816 NCCL WARN NET/IB : Got completion with error 12, "
+        "opcode 0, len 0, vendor err 129",
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system "
+        "error, NCCL version 2.7.8",
+        "Killing subprocess 4410",
+        "Killing subprocess 4411",
+        "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'fit.py', '--local_rank=1']' "
+        "returned non-zero exit status 1.",
+    ]))
+    assert v.root_cause is RootCause.NETWORK_RUNTIME, (v.rule, v.title)
+
+
+def test_an_exit_code_alone_is_a_crash(tmp_path: Path):
+    """With nothing stronger in the logs, a worker's non-zero exit is weak evidence of a crash (§18.1)."""
+    v = verdict(tmp_path, "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'fit.py', "
+                          "'--local_rank=1']' returned non-zero exit status 1.")
+    assert v.root_cause is RootCause.RANK_CRASH and v.confidence < 0.5, (v.rule, v.title)

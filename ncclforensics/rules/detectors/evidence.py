@@ -35,6 +35,8 @@ def class_evidence(ctx: Context, cls: str) -> list[Hit]:
     if not rows:
         return []
     top = max(r["strength"] for r in rows)
+    if top == 1 and any(r["strength"] > 1 for r in ctx.causes()):
+        return []  # weak evidence (an exit code) stands only where no class has stronger (DESIGN.md §3)
     rows.sort(key=lambda r: (-r["strength"], r["ts"] is None, r["ts"]))
     best = [r for r in rows if r["strength"] == top]
     named = sorted({rk for r in best for rk in culprits_named(r)})
