@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import signal as _signal
 from collections import Counter
 from collections.abc import Callable
@@ -164,10 +165,34 @@ def peer_symptoms(ctx: Context, culprits: list[int], limit: int = 3) -> list[dic
 
 
 def by_host_pid(ctx: Context) -> dict[tuple, set[int]]:
-    """(host, pid) -> ranks seen with that pid on that host; (None, pid) across hosts."""
+    """(host, pid) -> ranks seen with that pid on that host; (None, pid) across hosts. Besides rows
+    with both, the DeepSpeed launcher's spawn lines give pid -> local rank, and its
+    `global_rank_mapping` the node's global ranks (FORMATS.md §18.5)."""
     out: dict[tuple, set[int]] = {}
     ev = ctx.events.filter(pl.col("pid").is_not_null() & pl.col("rank").is_not_null())
-    for host, pid, rank in ev.select("host", "pid", "rank").iter_rows():
+    pairs = list(ev.select("host", "pid", "rank").iter_rows()) + _spawned_ranks(ctx)
+    for host, pid, rank in pairs:
         out.setdefault((host, pid), set()).add(rank)
         out.setdefault((None, pid), set()).add(rank)
+    return out
+
+
+def _spawned_ranks(ctx: Context) -> list[tuple]:
+    """(host, pid, global rank) of each DeepSpeed child: its local rank's entry in its node's list."""
+    mapping: dict[str, list[int]] = {}
+    for r in ctx.rows("launcher_rank_map"):
+        try:
+            parsed = ast.literal_eval(str(extra(r).get("mapping") or ""))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if isinstance(parsed, dict):
+            mapping.update({str(h).split(".")[0]: v for h, v in parsed.items() if isinstance(v, list)})
+    out = []
+    for r in ctx.rows("launcher_spawn"):
+        x = extra(r)
+        host, pid, local = r["host"], x.get("child_pid"), x.get("spawn_local_rank")
+        ranks = mapping.get(str(host).split(".")[0]) if host else (next(iter(mapping.values())) if len(mapping) == 1
+                                                                 else None)
+        if pid is not None and isinstance(local, int) and ranks and 0 <= local < len(ranks):
+            out.append((host, pid, ranks[local]))
     return out

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ncclforensics.model import RootCause, rank_ranges
-from ncclforensics.rules.context import Context, is_cause_row
+from ncclforensics.rules.context import Context, extra, is_cause_row
 from ncclforensics.rules.detectors.common import (
     Hit,
     aftermath,
+    by_host_pid,
     detector,
     peer_symptoms,
     rank_fields,
@@ -74,6 +75,16 @@ def _unprefixed_exception(ctx: Context) -> tuple[dict[int, dict], list[str]]:
                          "the launcher reports exiting with code 1"]
 
 
+def _with_victim_rank(row: dict, by_pid: dict[tuple, set[int]]) -> dict:
+    """A kernel crash line names a pid, not a rank (FORMATS.md §12.4): the rank of that pid on that
+    host, or anywhere when the line has no host and only one rank had that pid."""
+    pid = extra(row).get("victim_pid")
+    if row["rank"] is not None or pid is None:
+        return row
+    ranks = by_pid.get((row["host"], pid), set())
+    return dict(row, rank=next(iter(ranks))) if len(ranks) == 1 else row
+
+
 @detector
 def rank_signal(ctx: Context) -> list[Hit]:
     """A worker killed by a signal (SIGKILL, SIGSEGV, SIGABRT …) — from a launcher's exit report or a
@@ -81,8 +92,11 @@ def rank_signal(ctx: Context) -> list[Hit]:
     raised = {rk for rk, r in ctx.self_failures.items() if not _is_exit_report(r) and not _is_signal_row(r)}
     codes = {rk: c for rk, c in ctx.exit_codes.items()
              if signal_of_exit(c) in _OWN_SIGNALS and rk not in raised}
-    sig_rows = [r for r in ctx.rows("fatal_signal", "segfault", "cpp_terminate")
-                if is_cause_row(r) and r["rank"] not in raised]
+    sig_rows = [r for r in ctx.rows("fatal_signal", "segfault", "cpp_terminate") if is_cause_row(r)]
+    if any(r["rank"] is None and extra(r).get("victim_pid") is not None for r in sig_rows):
+        by_pid = by_host_pid(ctx)
+        sig_rows = [_with_victim_rank(r, by_pid) for r in sig_rows]
+    sig_rows = [r for r in sig_rows if r["rank"] not in raised]
     # exit reports that name no rank (DeepSpeed, torch.distributed.launch: FORMATS.md §18.2, §18.5)
     rankless = [r for r in ctx.causes(RootCause.RANK_CRASH) if _is_exit_report(r) and r["rank"] is None
                 and signal_of_exit(r["code"]) in _OWN_SIGNALS]
