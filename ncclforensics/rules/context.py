@@ -218,9 +218,12 @@ class Context:
         """rank -> exit code a launcher reported (negative = signal), for ranks that showed no
         symptom of their own (a timed-out rank's SIGABRT is the watchdog's teardown)."""
         out: dict[int, int] = {}
-        for r in self.rows("child_failed", "worker_failed"):
-            if r["rank"] is not None and r["code"] is not None and r["rank"] not in self.symptom_ranks:
-                out.setdefault(r["rank"], r["code"])
+        for r in self.rows("child_failed", "worker_failed", "srun_task_exit", "launcher_exit"):
+            # srun and mpirun name a signal in words (`task 9: Segmentation fault`): as Python reports it
+            code = r["code"] if r["code"] is not None else (-extra(r)["signo"] if isinstance(
+                extra(r).get("signo"), int) else None)
+            if r["rank"] is not None and code is not None and r["rank"] not in self.symptom_ranks:
+                out.setdefault(r["rank"], code)
         return out
 
     def evidence_rows(self, rows: list[dict], limit: int = 8) -> list[dict]:

@@ -65,15 +65,18 @@ def gpu_fault(ctx: Context) -> list[Hit]:
     hosts = sorted({r["host"] for r in rows if r["host"] and r["source"] == "kernel"})
     culprits = {r["rank"] for r in rows if r["rank"] is not None}
     # tie a PCI address to a rank through NCCL init lines (busId 4e000 = PCI 0000:4e:00)
-    bus_rank = {}
+    # a line without a host (nvidia-smi's output, a kernel log pasted alone) matches a bus that only
+    # one rank of the run used
+    bus_rank: dict[tuple, set[int]] = {}
     for r in ctx.rows("nccl_init"):
         b = _bus(str(extra(r).get("bus_id") or ""))
         if b and r["rank"] is not None:
-            bus_rank[(r["host"], b)] = r["rank"]
+            bus_rank.setdefault((r["host"], b), set()).add(r["rank"])
+            bus_rank.setdefault((None, b), set()).add(r["rank"])
     for r in rows:
         b = _bus(str(extra(r).get("pci") or ""))
-        if b and (r["host"], b) in bus_rank:
-            culprits.add(bus_rank[(r["host"], b)])
+        if b and len(bus_rank.get((r["host"], b), ())) == 1:
+            culprits |= bus_rank[(r["host"], b)]
     if not culprits:
         # the process the driver names (Xid `pid=`), where a launcher line tied that pid to a rank
         by_pid = by_host_pid(ctx)

@@ -44,41 +44,41 @@ def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
 # `this process`, or a plain `Process <pid>` when NVML's pids are a container host's
 _PROC = re.compile(r"(?:Process (\d+)|(this process)) has (\d+(?:\.\d+)?) (bytes|[KMGTPE]iB) memory in use")
 _UNIT = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50, "EiB": 2**60}
-SEVERAL = 2  # other processes holding memory on the GPU: a second rank, not a stray context
 
 
-def gpu_others(procs: str) -> list[int] | None:
-    """The memory (bytes) the *other* processes hold on the OOM's GPU, from the message's process list;
-    None when the list does not show the own process's share. Without a `this process` sentence the
-    own process is one of the `Process` entries: the largest (the one that ran out)."""
+def gpu_others(procs: str) -> list[float]:
+    """The memory (bytes) other processes hold on the OOM's GPU when together they hold more of it than
+    the process that ran out; else []. The own process is the `this process` sentence; without one
+    (NVML's pids are a container host's) it is one of the `Process` entries, the largest, and then
+    two or more others are needed: one entry alone may be the own process."""
     listed = [(bool(own), float(n) * _UNIT[unit]) for _, own, n, unit in _PROC.findall(procs or "")]
-    if not listed:
-        return None
     own = [b for is_own, b in listed if is_own]
     others = sorted((b for is_own, b in listed if not is_own), reverse=True)
     if not own:
-        if len(others) < 2:
-            return None
+        if len(others) < 3:
+            return []
         own, others = others[:1], others[1:]
-    return others if sum(others) > own[0] else []
+    return others if others and sum(others) > own[0] else []
 
 
 @detector
 def shared_gpu(ctx: Context) -> list[Hit]:
-    """A CUDA OOM whose GPU is held mostly by several other processes: ranks placed on one GPU (no
-    `torch.cuda.set_device(LOCAL_RANK)`, a `--local_rank` flag the launcher never passes), not a
-    model too big for it (FORMATS.md §14.2: several `Process <pid> has …` suggest two ranks on one GPU)."""
+    """A CUDA OOM whose GPU is held mostly by other processes: ranks placed on one GPU (no
+    `torch.cuda.set_device(LOCAL_RANK)`, a `--local_rank` flag the launcher never passes, more
+    processes than CUDA_VISIBLE_DEVICES lists), not a model too big for it (FORMATS.md §14.2:
+    `Process <pid> has …` lists other processes on the same GPU)."""
     rows = []
     for r in ctx.rows("cuda_oom"):
         others = gpu_others(str(extra(r).get("gpu_procs") or ""))
-        if others and len(others) >= SEVERAL:
+        if others:
             rows.append((r, others))
     if not rows:
         return []
     first, others = rows[0]
     devices = sorted({d for r, _ in rows if (d := extra(r).get("device")) is not None})
     return [Hit(culprits=[], evidence=ctx.evidence_rows([r for r, _ in rows]), ts=earliest_ts([r for r, _ in rows]),
-                fields={"n_others": len(others), "gib": f"{sum(others) / 2**30:.1f}",
+                fields={"others": "another process" if len(others) == 1 else f"{len(others)} other processes",
+                        "gib": f"{sum(others) / 2**30:.1f}",
                         "device": ", ".join(f"GPU {d}" for d in devices) or "one GPU",
                         "what": (first.get("detail") or first["text"] or "")[:200]},
                 hosts=sorted({r["host"] for r, _ in rows if r["host"]}), collective=Collective(),

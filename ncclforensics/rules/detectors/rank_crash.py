@@ -103,7 +103,8 @@ def rank_signal(ctx: Context) -> list[Hit]:
     if not codes and not sig_rows and not rankless:
         return []
     ranks = sorted(codes) or sorted({r["rank"] for r in sig_rows if r["rank"] is not None})
-    rows = [r for r in ctx.rows("child_failed", "worker_failed") if r["rank"] in codes] + sig_rows + rankless
+    rows = [r for r in ctx.rows("child_failed", "worker_failed", "srun_task_exit", "launcher_exit")
+            if r["rank"] in codes] + sig_rows + rankless
     every = bool(ctx.world_size) and len(ranks) >= (ctx.world_size or 0) > 1 and not waiting_ranks(ctx)
     culprits: list[int] = [] if every else ranks
     code = next(iter(codes.values()), None)
