@@ -64,6 +64,7 @@ def render_case(rule: str, case: dict, **kwargs: object) -> Reproducer:
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.rule.id)
 def test_every_rule_has_a_reproducer_or_says_why(plan):
+    assert not plan.broken, f"{plan.rule.id}: {plan.none}"
     if plan.script is None:
         assert len(plan.none) > 30, f"{plan.rule.id}: `none` must say why there is no reproducer"
         with pytest.raises(NoReproducer, match=plan.rule.id):
@@ -331,14 +332,15 @@ PORT_ATTEMPTS = 3
 def run_and_analyze(repro: Reproducer, script: Path, workdir: Path, *, fixed: bool) -> RunResult:
     """Run, then analyze; again on a new port when another process took the master port first.
 
-    A port found free can still be taken before torchrun binds it; that run then fails at start-up
-    and says nothing about the case under test.
+    A port found free can still be taken before torchrun binds it; that run then fails at start-up,
+    before any worker wrote a line, and says nothing about the case under test.
     """
     for attempt in range(PORT_ATTEMPTS):
         target = workdir if attempt == 0 else workdir.with_name(f"{workdir.name}-retry{attempt}")
         exit_code, seconds, log_dir = run_torchrun(repro, script, target, fixed=fixed)
         console = (log_dir / "console.log").read_text(errors="replace")
-        if repro.rule == "LC003" or ("failed to bind" not in console and "EADDRINUSE" not in console):
+        agent_could_not_bind = "EADDRINUSE" in console and "[default" not in console
+        if not agent_could_not_bind:
             break
     doc = analyze(log_dir)
     fixes = doc.get("fixes") or []

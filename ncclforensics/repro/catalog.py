@@ -38,12 +38,13 @@ class Plan:
     """One rule's reproducer: its template, or why it has none."""
     rule: Rule
     script: str | None                  # template path under TEMPLATE_DIR, e.g. "rank_divergence/rank_only_work.py.j2"
-    none: str | None                    # why there is no reproducer
+    none: str | None                    # why there is no reproducer (or what is wrong with the section)
     variants: dict[str, tuple]          # finding param -> allowed values, the first is the default
     options: dict[str, object]          # fixed template switches for this rule (e.g. flight_recorder = false)
     instead: tuple[Instead, ...]
     expect_culprits: str
     cases: tuple[dict, ...]             # diagnoses (finding params) the closed-loop test runs
+    broken: bool = False                # the section is malformed (`none` says how)
 
     def variant_values(self, params: dict) -> dict[str, object]:
         """The finding's value of each variant param, or its default when absent or not allowed."""
@@ -104,8 +105,15 @@ def _plan(rule: Rule) -> Plan:
 
 @functools.cache
 def plans() -> tuple[Plan, ...]:
-    """Every rule's plan, in rule order."""
-    return tuple(_plan(r) for r in load_rules())
+    """Every rule's plan, in rule order. A malformed section costs its own rule the reproducer, no other."""
+    out = []
+    for rule in load_rules():
+        try:
+            out.append(_plan(rule))
+        except (CatalogError, KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
+            out.append(Plan(rule=rule, script=None, none=f"its [reproducer] section is malformed ({exc})",
+                            variants={}, options={}, instead=(), expect_culprits="same", cases=(), broken=True))
+    return tuple(out)
 
 
 def plan_for(rule_id: str) -> Plan | None:
