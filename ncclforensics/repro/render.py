@@ -163,7 +163,8 @@ def remap_culprits(plan: Plan, culprits: list[int], world_size: int, *, shrunk: 
     chosen = not culprits
     if chosen:
         culprits = [0] if default == "first" else [world_size - 1]
-    limit = max(1, (world_size - 1) // 2) if shrunk else world_size - 1
+    least = plan.options.get("min_culprits", 1)
+    limit = max(least, max(1, (world_size - 1) // 2) if shrunk else world_size - 1)
     kept, dropped = culprits[:limit], tuple(culprits[limit:])
     taken: set[int] = set()
     played_by: list[tuple[int, int]] = []
@@ -173,7 +174,6 @@ def remap_culprits(plan: Plan, culprits: list[int], world_size: int, *, shrunk: 
         if target != rank:
             played_by.append((rank, target))
     ranks = tuple(sorted(taken))
-    least = plan.options.get("min_culprits", 1)
     while len(ranks) < least:  # e.g. a duplicate GPU is always shared by two ranks
         ranks = tuple(sorted((*ranks, min(r for r in range(world_size) if r not in ranks))))
     return RankMap(culprits=ranks, played_by=tuple(played_by), dropped=dropped, chosen=chosen and bool(ranks))
@@ -227,7 +227,7 @@ def provenance_lines(spec: ReproSpec) -> list[str]:
     lines = []
     if spec.observed_world_size and spec.observed_world_size != spec.world_size:
         lines.append(f"The diagnosed run had {spec.observed_world_size} ranks; this one has {spec.world_size}.")
-    if spec.ranks.chosen:
+    if spec.ranks.chosen and spec.plan.expect_culprits != "none":
         verb = "plays" if len(spec.ranks.culprits) == 1 else "play"
         lines.append(f"The report named no culprit rank; {_rank_list_text(spec.ranks.culprits)} {verb} the part.")
     if spec.ranks.every:
