@@ -28,7 +28,7 @@ MAX_STEP = 1_000_000_000
 MAX_TIMEOUT_S = 7 * 24 * 3600
 REPRO_STEPS = range(1, 7)  # a diagnosed step in here is kept; later ones fail at DEFAULT_FAULT_STEP
 DEFAULT_FAULT_STEP = 3
-DEFAULT_TIMEOUT_S = 10  # the script's --timeout default: a hang shows in seconds
+DEFAULT_TIMEOUT_S = 8  # the script's --timeout default: a hang shows in seconds (and every rank still meets in init)
 SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
 
 # Every string that reaches a template is built from validated ints, enum members and our own rule
