@@ -75,6 +75,8 @@ def test_every_rule_has_a_reproducer_or_says_why(plan):
         f"{plan.rule.id}: the fixes depend on {sorted(when_keys)}; list them under variants so the script "
         "applies the fix the report shows first")
     assert plan.cases, f"{plan.rule.id}: no closed-loop case"
+    assert any(not c.get("extended") for c in plan.cases), (
+        f"{plan.rule.id}: every case is `extended`; the default closed loop (CI) must run one of them")
 
 
 def variant_cases():
