@@ -354,10 +354,11 @@ def _repro(paths: list[str], output: str | None, *, real_world_size: bool, quiet
         diag = analyze_events(_read_run(paths, progress)).diagnosis
     finally:
         progress.close()
-    rep = render_reproducer(diag.verdict, diag.facts, real_world_size=real_world_size)
+    name = target.name if isinstance(target, Path) else "repro.py"  # the docstring names the file
+    rep = render_reproducer(diag.verdict, diag.facts, real_world_size=real_world_size, script_name=name)
     outpaths.write_text(target, rep.script)
     if target != outpaths.STDOUT and not quiet:
-        err(f"Wrote {target}: run it with `{rep.command.replace('repro.py', str(target))}`.")
+        err(f"Wrote {target}: run it with `{rep.command.rsplit(' ', 1)[0]} {target}`.")
 
 
 class ScanEngine(StrEnum):

@@ -1,8 +1,10 @@
-"""Reproducer templates: they render from validated fields only, pass ruff, and really fail as diagnosed.
+"""Reproducers: one per rule, rendered from validated fields only, and proven on their own logs.
 
-The closed-loop tests (marker `repro`) run each rendered script under torchrun on CPU with gloo, analyze
-the run's own logs and expect the finding's class and culprit ranks back; then run it with --fixed and
-expect exit 0. They need torch and take a few minutes; `pytest -m "not repro"` skips them.
+The fast tests check every rule's `[reproducer]` section and render every template. The closed-loop
+tests (marker `repro`) run each rule's cases under torchrun on CPU with gloo, analyze the run's own
+logs and expect the rule, culprit ranks, stuck OpType and top fix the script's docstring promises;
+then run it with --fixed and expect exit 0 and logs in which the analyzer finds no failure.
+`pytest -m "not repro"` skips them; NCCLF_REPRO_TIMES=path writes each run's times there (JSON).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -18,23 +21,30 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 import pytest
 
+from ncclforensics.analysis import analyze_path
+from ncclforensics.jsonout import diagnosis_dict
 from ncclforensics.model import Evidence, Finding, Fix, RootCause, RunFacts
-from ncclforensics.repro.render import MODES, Reproducer, render_reproducer
+from ncclforensics.repro.catalog import plans
+from ncclforensics.repro.render import NoReproducer, Reproducer, render_reproducer
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CANARY = "CANARY_7f3a"  # stands for any log text; it must never reach a script
+PLANS = plans()
+SCRIPTED = [p for p in PLANS if p.script]
 
 
-def make_finding(cause: RootCause | str, **params: object) -> Finding:
+def make_finding(rule: str, **params: object) -> Finding:
     culprits = params.get("culprit_ranks", [])
+    plan = next(p for p in PLANS if p.rule.id == rule)
     return Finding(
-        root_cause=RootCause(cause), rule="XX000", title="t", message="m", confidence=0.9,
+        root_cause=plan.rule.root_cause, rule=rule, title="t", message="m", confidence=0.9,
         culprit_ranks=list(culprits) if isinstance(culprits, list) else [], params=dict(params),
     )
 
@@ -44,203 +54,231 @@ def make_facts(world_size: int | None = 4) -> RunFacts:
                     hosts=["node-a"], versions={}, skipped=[])
 
 
-def template_cases() -> list[tuple[RootCause, str | None]]:
-    cases: list[tuple[RootCause, str | None]] = []
-    for cause in RootCause:
-        cases += [(cause, mode) for mode in MODES.get(cause, (None,))]
-    return cases
+def render_case(rule: str, case: dict, **kwargs: object) -> Reproducer:
+    params = {k: v for k, v in case.items() if k != "extended"}  # `extended`: a closed-loop flag, not a param
+    return render_reproducer(make_finding(rule, **params), make_facts(case.get("world_size")), **kwargs)
 
 
-TEMPLATE_CASES = template_cases()
-TEMPLATE_IDS = [f"{cause.value}-{mode}" if mode else cause.value for cause, mode in TEMPLATE_CASES]
+# --- every rule has a reproducer or says why not ------------------------------------------------
 
 
-def render_case(cause: RootCause, template_mode: str | None, **params: object) -> Reproducer:
-    params.setdefault("culprit_ranks", [1])
-    if template_mode:
-        params["mode"] = template_mode
-    return render_reproducer(make_finding(cause, **params), make_facts())
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.rule.id)
+def test_every_rule_has_a_reproducer_or_says_why(plan):
+    assert not plan.broken, f"{plan.rule.id}: {plan.none}"
+    if plan.script is None:
+        assert len(plan.none) > 30, f"{plan.rule.id}: `none` must say why there is no reproducer"
+        with pytest.raises(NoReproducer, match=plan.rule.id):
+            render_reproducer(make_finding(plan.rule.id), make_facts())
+        return
+    when_keys = {k for f in plan.rule.fixes for k in f.when}
+    assert when_keys <= set(plan.variants), (
+        f"{plan.rule.id}: the fixes depend on {sorted(when_keys)}; list them under variants so the script "
+        "applies the fix the report shows first")
+    assert plan.cases, f"{plan.rule.id}: no closed-loop case"
+    assert any(not c.get("extended") for c in plan.cases), (
+        f"{plan.rule.id}: every case is `extended`; the default closed loop (CI) must run one of them")
 
 
-# --- fast unit tests ---------------------------------------------------------------------------
+def variant_cases():
+    """Every rule's cases, and every combination of its variant values on its first case."""
+    for plan in SCRIPTED:
+        for i, case in enumerate(plan.cases):
+            yield pytest.param(plan.rule.id, case, id=f"{plan.rule.id}-case{i}")
+        keys = list(plan.variants)
+        for values in product(*(plan.variants[k] for k in keys)):
+            case = {**plan.cases[0], **dict(zip(keys, values, strict=True))}
+            yield pytest.param(plan.rule.id, case, id=f"{plan.rule.id}-" + "-".join(map(str, values)))
 
 
-@pytest.mark.parametrize(("cause", "mode"), TEMPLATE_CASES, ids=TEMPLATE_IDS)
-def test_every_template_renders(cause, mode):
-    repro = render_case(cause, mode, step=3, op_type="ALLREDUCE", seq=812, timeout_s=600, signal=11)
-    assert repro.template == cause.value
-    assert repro.command == f"torchrun --nproc-per-node {repro.world_size} repro.py"
-    assert repro.script.startswith('"""Reproducer: ')
+@pytest.mark.parametrize(("rule", "case"), list(variant_cases()))
+def test_every_variant_renders(rule, case):
+    repro = render_case(rule, case, script_name="r011.py")
+    assert repro.rule == rule
+    assert repro.command == f"torchrun --nproc-per-node {repro.world_size} r011.py"
+    assert repro.script.startswith(f'r"""Reproducer for {rule} (')
     for flag in ("--backend", "--timeout", "--fixed"):
         assert f'"{flag}"' in repro.script
-    compile(repro.script, "repro.py", "exec")
+    assert "repro.py" not in repro.script, "the docstring names the file the script was written to"
+    doc = " ".join(repro.script.split('"""')[1].split())
+    culprits = "no culprit rank" if not repro.culprit_ranks else "culprit rank"
+    assert f"the analyzer reports {rule} ({repro.root_cause}) with {culprits}" in doc
+    assert f'its top fix is "{repro.fix}"' in doc
+    if repro.demonstrates != repro.fix:
+        assert f'--fixed demonstrates "{repro.demonstrates}" instead' in doc
+    if repro.op_type:
+        assert f"waiting in {'an' if repro.op_type[0] in 'AEIOU' else 'a'} {repro.op_type}" in doc
+    assert not re.search(r"\ba [AEIOU][A-Z_]+\b", repro.script), "an ALLREDUCE, not a ALLREDUCE"
+    compile(repro.script, "r011.py", "exec")
 
 
 def test_rendered_scripts_pass_ruff(tmp_path):
     ruff = shutil.which("ruff", path=str(BIN)) or shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed")
-    for (cause, mode), name in zip(TEMPLATE_CASES, TEMPLATE_IDS, strict=True):
-        (tmp_path / f"{name}.py").write_text(render_case(cause, mode).script)
+    for param in variant_cases():
+        rule, case = param.values
+        (tmp_path / f"{param.id.replace('-', '_')}.py").write_text(render_case(rule, case).script)
     result = subprocess.run([ruff, "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(tmp_path)],
                             capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 
 
-def test_reproducer_names_the_template_it_used():
-    finding = make_finding(RootCause.RANK_CRASH, culprit_ranks=[1])
-    finding.reproducer = "oom"
-    assert render_reproducer(finding, make_facts()).template == "oom"
-    finding.reproducer = "no such template"
-    assert render_reproducer(finding, make_facts()).template == "rank_crash"
+def test_the_samples_reproducer_is_rd007s_first_case():
+    """The bundled sample's reproducer recreates RD007, and the closed loop runs exactly that script."""
+    diag = analyze_path(ROOT / "sample_logs").diagnosis
+    repro = render_reproducer(diag.verdict, diag.facts)
+    assert (repro.rule, repro.culprit_ranks, repro.op_type) == ("RD007", (0,), "ALLREDUCE")
+    assert repro.fix == diag.verdict.fixes[0].title == repro.demonstrates
+    # the top fix brackets the rank-only work with barriers on every rank, on a group with a generous timeout
+    assert repro.script.count("dist.barrier(group=barrier_group)") == 2
+    assert repro.script == render_case("RD007", next(p for p in PLANS if p.rule.id == "RD007").cases[0]).script
+
+
+def test_a_verdict_without_a_rule_has_no_reproducer():
+    finding = Finding(root_cause=RootCause.UNKNOWN, rule="", title="t", message="m", confidence=0.0)
+    with pytest.raises(NoReproducer, match="no rule"):
+        render_reproducer(finding, make_facts())
+
+
+# --- validated fields only ----------------------------------------------------------------------
+
+
+def first_scripted(rule_prefix: str):
+    return next(p for p in SCRIPTED if p.rule.id.startswith(rule_prefix))
 
 
 @pytest.mark.parametrize("bad", ["; rm -rf /", "ALLREDUCE\nimport os", "allreduce", 7, None])
 def test_bad_op_type_falls_back(bad):
-    script = render_case(RootCause.RANK_DIVERGENCE, "extra_collective", op_type=bad).script
-    assert "rm -rf" not in script
-    assert "import os\nimport os" not in script
-    assert "dist.all_reduce(norm_sq)" in script
+    repro = render_case("RD007", {"world_size": 2, "culprit_ranks": [0], "op_type": bad})
+    assert "rm -rf" not in repro.script
+    assert "import os\nimport os" not in repro.script
+    assert repro.op_type == "ALLREDUCE"
 
 
 def test_op_type_picks_the_collective():
-    script = render_case(RootCause.RANK_DIVERGENCE, "extra_collective", op_type="BROADCAST").script
-    assert "dist.broadcast(norm_sq, src=0)" in script
+    repro = render_case("RD007", {"world_size": 2, "culprit_ranks": [0], "op_type": "BROADCAST"})
+    assert "dist.broadcast(result, src=VALIDATING_RANKS[0])" in repro.script
+    assert repro.op_type == "BROADCAST"
+    assert "waiting in a BROADCAST" in " ".join(repro.script.split())
 
 
 @pytest.mark.parametrize("bad", [[10**12], [-1], ["1"], [True], "0,1", [1.5]])
 def test_bad_culprit_ranks_are_dropped(bad):
-    repro = render_case(RootCause.RANK_CRASH, "exception", culprit_ranks=bad)
-    assert "CRASHING_RANKS = (3,)" in repro.script  # the template's default: the last rank
+    repro = render_case("RC001", {"world_size": 4, "culprit_ranks": bad})
+    assert repro.culprit_ranks == (3,)  # the rule's default: the last rank plays the culprit
+    assert "The report named no culprit rank; rank 3 plays the part." in repro.script
 
 
 @pytest.mark.parametrize(("key", "bad"), [("world_size", 10**9), ("world_size", True), ("step", -5),
-                                          ("step", "3"), ("signal", 99), ("mode", "rm -rf"), ("timeout_s", 10**12)])
+                                          ("step", "3"), ("signal", 99), ("lagging", "rm -rf")])
 def test_bad_scalars_fall_back(key, bad):
-    repro = render_case(RootCause.RANK_CRASH, None, **{key: bad})
+    rule = "RC002" if key == "signal" else "RD007"
+    repro = render_reproducer(make_finding(rule, culprit_ranks=[1], **{key: bad}), make_facts(4))
     assert repro.world_size == 4
-    assert "CRASH_AT_STEP = 3" in repro.script
     assert "rm -rf" not in repro.script
-
-
-def test_signal_and_mode_are_used():
-    script = render_case(RootCause.RANK_CRASH, "signal", signal=7).script
-    assert "FATAL_SIGNAL = signal.SIGBUS" in script
+    assert "STEP = 3" in repro.script
 
 
 def test_no_log_text_reaches_the_script():
-    finding = make_finding(
-        RootCause.RANK_DIVERGENCE, culprit_ranks=[1], mode="early_exit", op_type=CANARY, note=CANARY,
-    )
-    finding.title = finding.message = f'"""{CANARY}'
-    finding.evidence = [Evidence(file=f"{CANARY}.log", line=1, text=f"{CANARY}\n\"\"\"; import os")]
-    finding.fixes = [Fix(title=CANARY, why=CANARY, code=CANARY)]
-    finding.doc = {"what_it_detects": CANARY}
     facts = RunFacts(path=CANARY, files=1, lines=1, bytes=1, world_size=4, ranks_seen=[0, 1], hosts=[CANARY],
                      versions={"torch": CANARY}, skipped=[], env={"X": CANARY}, notes=[CANARY])
-    for template in (*[c.value for c in RootCause], None):
-        finding.reproducer = template
+    for plan in SCRIPTED:
+        params = {key: CANARY for key in plan.variants} | {"op_type": CANARY, "note": CANARY, "culprit_ranks": [1]}
+        finding = make_finding(plan.rule.id, **params)
+        finding.title = finding.message = f'"""{CANARY}'
+        finding.evidence = [Evidence(file=f"{CANARY}.log", line=1, text=f"{CANARY}\n\"\"\"; import os")]
+        finding.fixes = [Fix(title=CANARY, why=CANARY, code=CANARY)]
+        finding.doc = {"what_it_detects": CANARY}
+        finding.reproducer = CANARY
         assert CANARY not in render_reproducer(finding, facts).script
 
 
 def test_large_world_is_capped_and_culprits_remapped():
-    repro = render_reproducer(make_finding(RootCause.RANK_CRASH, culprit_ranks=[37]), make_facts(64))
+    repro = render_reproducer(make_finding("RC001", culprit_ranks=[37]), make_facts(64))
     assert repro.world_size == 4
-    assert "CRASHING_RANKS = (3,)" in repro.script
+    assert repro.culprit_ranks == (3,)
     assert "The diagnosed run had 64 ranks; this one has 4." in repro.script
     assert "Diagnosed rank 37 is played by rank 3." in repro.script
 
 
 def test_rank_zero_stays_rank_zero_and_culprits_stay_a_minority():
-    finding = make_finding(RootCause.RANK_DIVERGENCE, culprit_ranks=[0, 40, 41], mode="early_exit")
-    repro = render_reproducer(finding, make_facts(64))
-    assert "CULPRIT_RANKS = (0,)" in repro.script
+    repro = render_reproducer(make_finding("RD007", culprit_ranks=[0, 40, 41]), make_facts(64))
+    assert repro.culprit_ranks == (0,)
     assert "diagnosed ranks 40, 41" in repro.script
 
 
 def test_real_world_size_keeps_the_ranks():
-    finding = make_finding(RootCause.RANK_CRASH, culprit_ranks=[37])
-    repro = render_reproducer(finding, make_facts(64), real_world_size=True)
+    repro = render_reproducer(make_finding("RC001", culprit_ranks=[37]), make_facts(64), real_world_size=True)
     assert repro.world_size == 64
     assert repro.command == "torchrun --nproc-per-node 64 repro.py"
-    assert "CRASHING_RANKS = (37,)" in repro.script
+    assert repro.culprit_ranks == (37,)
 
 
 def test_unknown_world_size_fits_the_culprits():
-    repro = render_reproducer(make_finding(RootCause.OOM, culprit_ranks=[1]), make_facts(None))
+    repro = render_reproducer(make_finding("RC001", culprit_ranks=[1]), make_facts(None))
     assert repro.world_size == 3
 
 
-def test_launch_config_always_shares_a_gpu_between_two_ranks():
-    repro = render_case(RootCause.LAUNCH_CONFIG, None, culprit_ranks=[2])
-    assert "SHARED_GPU_RANKS = (0, 2)" in repro.script
-
-
-def test_unreachable_store_without_culprits_misconfigures_every_rank():
-    repro = render_case(RootCause.NETWORK_INIT, "unreachable_store", culprit_ranks=[], world_size=3)
-    assert "MISCONFIGURED_RANKS = (0, 1, 2)" in repro.script
-    assert "Every rank was launched with the wrong store port" in repro.script
+def test_bad_script_name_falls_back():
+    repro = render_case("RD007", {"world_size": 2}, script_name='x"; import os; ".py')
+    assert repro.command.endswith(" repro.py")
 
 
 # --- closed loop: run the reproducer, analyze its logs ------------------------------------------
 
 TORCH = importlib.util.find_spec("torch") is not None
-PG_TIMEOUT_S = 12  # long enough for every rank to import torch on a loaded 2-core machine
-RUN_LIMIT_S = 150
-PARALLEL_RUNS = 4
+RUN_LIMIT_S = 120
+PARALLEL_RUNS = int(os.environ.get("NCCLF_REPRO_PARALLEL", "4"))
 
 
 @dataclass(frozen=True)
 class LoopCase:
-    name: str
-    cause: RootCause
-    world_size: int
-    culprits: tuple[int, ...]
-    params: dict[str, object] = field(default_factory=dict)
+    rule: str
+    index: int
+    params: dict
 
     @property
-    def expected_culprits(self) -> list[int]:
-        return list(self.culprits)  # what the finding said, also when it named no rank
+    def name(self) -> str:
+        return f"{self.rule}-case{self.index}"
 
 
-# One case per template runs by default; NCCLF_REPRO_ALL_MODES=1 adds every other mode (about twice as long).
-LOOP_CASES = [
-    LoopCase("rank_divergence-extra", RootCause.RANK_DIVERGENCE, 3, (0,), {"mode": "extra_collective", "step": 3}),
-    LoopCase("checkpoint_save-barrier", RootCause.CHECKPOINT_SAVE, 3, (0,), {"mode": "barrier"}),
-    LoopCase("network_init-unreachable", RootCause.NETWORK_INIT, 2, (1,), {"mode": "unreachable_store"}),
-    LoopCase("dataloader_abort-sigkill", RootCause.DATALOADER_ABORT, 2, (1,), {"mode": "sigkill"}),
-    LoopCase("oom-host", RootCause.OOM, 2, (1,), {"mode": "host"}),
-    LoopCase("rank_crash-exception", RootCause.RANK_CRASH, 3, (1,), {"mode": "exception"}),
-    LoopCase("gpu_hardware", RootCause.GPU_HARDWARE, 2, (1,)),
-    # NR001 blames a host, not ranks (culprit policy "none"): the finding names no rank.
-    LoopCase("network_runtime", RootCause.NETWORK_RUNTIME, 2, ()),
-    LoopCase("launch_config-duplicate_gpu", RootCause.LAUNCH_CONFIG, 3, (0, 1), {"mode": "duplicate_gpu"}),
-    LoopCase("unknown", RootCause.UNKNOWN, 2, ()),
-]
-OTHER_MODE_CASES = [
-    LoopCase("rank_divergence-missing", RootCause.RANK_DIVERGENCE, 3, (1,), {"mode": "missing_collective"}),
-    LoopCase("rank_divergence-early_exit", RootCause.RANK_DIVERGENCE, 3, (2,), {"mode": "early_exit"}),
-    LoopCase("checkpoint_save-collective", RootCause.CHECKPOINT_SAVE, 2, (0,), {"mode": "collective"}),
-    LoopCase("network_init-missing_rank", RootCause.NETWORK_INIT, 3, (1,), {"mode": "missing_rank"}),
-    LoopCase("dataloader_abort-bus_error", RootCause.DATALOADER_ABORT, 2, (1,), {"mode": "bus_error"}),
-    LoopCase("dataloader_abort-exit", RootCause.DATALOADER_ABORT, 2, (0,), {"mode": "exit"}),
-    LoopCase("rank_crash-signal", RootCause.RANK_CRASH, 2, (1,), {"mode": "signal", "signal": 9}),
-    LoopCase("launch_config-device", RootCause.LAUNCH_CONFIG, 2, (1,), {"mode": "device"}),
-    LoopCase("launch_config-shm", RootCause.LAUNCH_CONFIG, 2, (1,), {"mode": "shm"}),
-]
+def loop_cases(all_modes: bool) -> list[LoopCase]:
+    """Each rule's cases; with all_modes, also its `extended` ones and one run of each variant
+    combination no case covers."""
+    cases = []
+    for plan in SCRIPTED:
+        cases += [LoopCase(plan.rule.id, i, dict(c)) for i, c in enumerate(plan.cases)
+                  if all_modes or not c.get("extended")]
+        if not all_modes:
+            continue
+        keys = list(plan.variants)
+        covered = {tuple(plan.variant_values(c)[k] for k in keys) for c in plan.cases}
+        extra = [v for v in product(*(plan.variants[k] for k in keys)) if v not in covered]
+        for i, values in enumerate(extra, start=len(plan.cases)):
+            cases.append(LoopCase(plan.rule.id, i, {**plan.cases[0], **dict(zip(keys, values, strict=True))}))
+    return cases
 
 
-if os.environ.get("NCCLF_REPRO_ALL_MODES") == "1":
-    LOOP_CASES += OTHER_MODE_CASES
+# NCCLF_REPRO_ALL_MODES=1 adds the `extended` cases and a run of every variant (signal, mode, ...) that
+# no listed case covers.
+LOOP_CASES = loop_cases(os.environ.get("NCCLF_REPRO_ALL_MODES") == "1")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    seconds: float
+    log_dir: Path
+    verdict: dict
+    findings: list
+    top_fix: str | None
 
 
 @dataclass(frozen=True)
 class LoopResult:
-    exit_code: int
-    fixed_exit_code: int
-    verdict: dict
-    seconds: float
-    log_dir: Path
+    repro: Reproducer
+    failing: RunResult
+    fixed: RunResult
 
 
 _PORTS_GIVEN: set[int] = set()
@@ -248,7 +286,7 @@ _PORTS_LOCK = threading.Lock()
 
 
 def free_port_pair() -> int:
-    """A port P with P and P + 1 free: network_init points its misconfigured ranks at P + 1.
+    """A port P with P and P + 1 free (a script may point ranks at P + 1, where nothing listens).
 
     Drawn from below the kernel's ephemeral range, which the parallel runs' own outgoing gloo
     and store connections use, and never handed out twice in this process.
@@ -271,63 +309,65 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def run_torchrun(case: LoopCase, script: Path, workdir: Path, *, fixed: bool) -> tuple[int, Path]:
-    """torchrun the script with a --log-dir tree; the console goes to LOGDIR/console.log."""
+def run_torchrun(repro: Reproducer, script: Path, workdir: Path, *, fixed: bool) -> tuple[int, float, Path]:
+    """torchrun the script as its docstring says; the console goes to LOGDIR/console.log."""
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True)
-    command = [str(BIN / "torchrun"), "--nproc-per-node", str(case.world_size), "--master-port",
-               str(free_port_pair()), "--log-dir", str(log_dir / "torchrun_logs"), "--redirects", "3", "--tee", "3",
-               str(script), "--timeout", str(PG_TIMEOUT_S)]
+    command = [str(BIN / "torchrun"), "--nproc-per-node", str(repro.world_size), "--master-port",
+               str(free_port_pair()), "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3",
+               str(script)]  # the script's own --timeout default, as its docstring runs it
     if "--fr-dir" in script.read_text():
         command += ["--fr-dir", str(log_dir / "fr_trace")]
     if fixed:
         command.append("--fixed")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
     with (log_dir / "console.log").open("wb") as console:
         proc = subprocess.run(command, cwd=workdir, stdout=console, stderr=subprocess.STDOUT, env=env,
                               timeout=RUN_LIMIT_S, check=False)
-    return proc.returncode, log_dir
+    return proc.returncode, time.monotonic() - started, log_dir
 
 
 PORT_ATTEMPTS = 3
 
 
-def run_until_port_held(case: LoopCase, script: Path, workdir: Path, *, fixed: bool) -> tuple[int, Path]:
-    """run_torchrun, again on a new port when another process took the master port first.
+def run_and_analyze(repro: Reproducer, script: Path, workdir: Path, *, fixed: bool) -> RunResult:
+    """Run, then analyze; again on a new port when another process took the master port first.
 
-    A port found free can still be taken before torchrun binds it; that run then fails at start-up
-    (the analyzer rightly says launch_config) and says nothing about the case under test.
+    A port found free can still be taken before torchrun binds it; that run then fails at start-up,
+    before any worker wrote a line, and says nothing about the case under test.
     """
     for attempt in range(PORT_ATTEMPTS):
         target = workdir if attempt == 0 else workdir.with_name(f"{workdir.name}-retry{attempt}")
-        exit_code, log_dir = run_torchrun(case, script, target, fixed=fixed)
+        exit_code, seconds, log_dir = run_torchrun(repro, script, target, fixed=fixed)
         console = (log_dir / "console.log").read_text(errors="replace")
-        if "failed to bind" not in console and "Address already in use" not in console:
+        agent_could_not_bind = "EADDRINUSE" in console and "[default" not in console
+        if not agent_could_not_bind:
             break
-    return exit_code, log_dir
+    doc = analyze(log_dir)
+    fixes = doc.get("fixes") or []
+    return RunResult(exit_code, seconds, log_dir, doc["verdict"], doc.get("findings") or [],
+                     fixes[0]["title"] if fixes else None)
+
+
+_ANALYZE_LOCK = threading.Lock()
 
 
 def analyze(log_dir: Path) -> dict:
-    proc = subprocess.run([str(BIN / "ncclforensics"), "analyze", str(log_dir), "--json", "-q"],
-                          capture_output=True, text=True, timeout=RUN_LIMIT_S, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["verdict"]
+    """What `ncclforensics analyze LOGDIR --json` prints, computed in this process (one import of the
+    analyzer instead of one per run: the closed loop's time is mostly process start-up)."""
+    with _ANALYZE_LOCK:
+        return json.loads(json.dumps(diagnosis_dict(analyze_path(log_dir).diagnosis), default=str))
 
 
 def run_loop(case: LoopCase, root: Path) -> LoopResult:
-    started = time.monotonic()
-    finding = make_finding(case.cause, world_size=case.world_size, culprit_ranks=list(case.culprits), **case.params)
-    repro = render_reproducer(finding, make_facts(case.world_size))
-    assert repro.world_size == case.world_size
+    repro = render_case(case.rule, case.params, script_name=f"{case.name}.py")
     (root / case.name).mkdir()
-    script = root / case.name / "repro.py"  # outside the log dir, so the analyzer never reads it
+    script = root / case.name / f"{case.name}.py"  # outside the log dir, so the analyzer never reads it
     script.write_text(repro.script)
-    exit_code, log_dir = run_until_port_held(case, script, root / case.name / "failing", fixed=False)
-    verdict = analyze(log_dir)
-    fixed_exit_code = exit_code  # the healthy "unknown" job has no fix to apply
-    if case.cause is not RootCause.UNKNOWN:
-        fixed_exit_code, _ = run_until_port_held(case, script, root / case.name / "fixed", fixed=True)
-    return LoopResult(exit_code, fixed_exit_code, verdict, time.monotonic() - started, log_dir)
+    failing = run_and_analyze(repro, script, root / case.name / "failing", fixed=False)
+    fixed = run_and_analyze(repro, script, root / case.name / "fixed", fixed=True)
+    return LoopResult(repro, failing, fixed)
 
 
 @pytest.fixture(scope="module")
@@ -337,9 +377,19 @@ def loop_results(request, tmp_path_factory) -> dict[str, LoopResult]:
                 if item.originalname == "test_closed_loop" and hasattr(item, "callspec")}
     cases = [c for c in LOOP_CASES if c.name in selected]
     root = tmp_path_factory.mktemp("repro")
+    # the longest runs (hangs: they wait out a timeout) first, so the pool drains evenly
+    cases.sort(key=lambda c: render_case(c.rule, c.params).op_type is None)
     with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
         futures = {c.name: pool.submit(run_loop, c, root) for c in cases}
-    return {name: future.result() for name, future in futures.items()}
+    results = {name: future.result() for name, future in futures.items()}
+    if os.environ.get("NCCLF_REPRO_TIMES"):
+        Path(os.environ["NCCLF_REPRO_TIMES"]).write_text(json.dumps({
+            name: {"rule": r.repro.rule, "world_size": r.repro.world_size, "culprits": list(r.repro.culprit_ranks),
+                   "failing_s": round(r.failing.seconds, 1), "fixed_s": round(r.fixed.seconds, 1),
+                   "got": [r.failing.verdict.get("rule"), r.failing.verdict.get("culprit_ranks")],
+                   "fixed_verdict": r.fixed.verdict.get("class"), "demonstrates": r.repro.demonstrates}
+            for name, r in results.items()}, indent=1))
+    return results
 
 
 @pytest.mark.repro
@@ -347,11 +397,17 @@ def loop_results(request, tmp_path_factory) -> dict[str, LoopResult]:
 @pytest.mark.parametrize("case", LOOP_CASES, ids=[c.name for c in LOOP_CASES])
 def test_closed_loop(case, loop_results):
     result = loop_results[case.name]
-    got = (result.verdict["class"], result.verdict["culprit_ranks"])
-    want = (case.cause.value, case.expected_culprits)
-    if case.cause is RootCause.UNKNOWN:
-        assert result.exit_code == 0, f"the healthy job failed; logs in {result.log_dir}"
-    else:
-        assert result.exit_code != 0, f"the reproducer did not fail; logs in {result.log_dir}"
-    assert got == want, f"analyzer said {got}, expected {want}; logs in {result.log_dir} ({result.seconds:.0f} s)"
-    assert result.fixed_exit_code == 0, f"--fixed did not finish cleanly; logs in {result.log_dir.parents[1] / 'fixed'}"
+    repro, failing, fixed = result.repro, result.failing, result.fixed
+    where = f"logs in {failing.log_dir} ({failing.seconds:.0f} s)"
+    assert failing.exit_code != 0, f"the reproducer did not fail; {where}"
+    got = (failing.verdict["rule"], failing.verdict["culprit_ranks"])
+    assert got == (repro.rule, list(repro.culprit_ranks)), f"analyzer said {got}; {where}"
+    if repro.op_type:
+        assert failing.verdict["collective"]["op_type"] == repro.op_type, where
+    assert failing.top_fix == repro.fix, f"the report's top fix is {failing.top_fix!r}; {where}"
+    where = f"logs in {fixed.log_dir} ({fixed.seconds:.0f} s)"
+    assert fixed.exit_code == 0, f"--fixed did not finish cleanly; {where}"
+    failures = [f for f in fixed.findings if f["class"] != "unknown"]
+    assert fixed.verdict["class"] == "unknown" and not failures, f"--fixed logs show a failure; {where}"
+    console = (fixed.log_dir / "console.log").read_text(errors="replace")
+    assert "Traceback (most recent call last)" not in console, f"--fixed logs hold a traceback; {where}"
