@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,10 +191,3 @@ def rank_rows(ctx: Context, root: Finding) -> list[dict]:
         })
     return out
 
-
-def events_of_rank(df: pl.DataFrame, rank: int) -> pl.DataFrame:
-    return df.filter(pl.col("rank") == rank)
-
-
-def dumps(obj: object) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=str)

@@ -77,10 +77,6 @@ class IncidentContext:
     frames: tuple[FrameGroup, ...]
     notes: tuple[str, ...]  # files that could not be read again
 
-    @property
-    def empty(self) -> bool:
-        return not (any(e.lines for e in self.evidence) or self.tail or self.frames)
-
     def narrowed(self, radius: int) -> IncidentContext:
         """The same context with fewer lines around each evidence line (read once, shown several ways)."""
         if radius >= self.radius:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import polars as pl
 
@@ -25,21 +24,6 @@ def events_json(df: pl.DataFrame) -> str:
     for r in rows:
         r["ts"] = _iso(r["ts"])
     return json.dumps(rows, ensure_ascii=False, indent=None) + "\n"
-
-
-def summary_line(res) -> str:
-    df = res.events
-    kinds = Counter(df["kind"].cast(pl.Utf8).to_list()) if not df.is_empty() else Counter()
-    top = ", ".join(f"{k} {n}" for k, n in kinds.most_common(8))
-    ranks = df["rank"].drop_nulls().unique().len() if not df.is_empty() else 0
-    hosts = df["host"].drop_nulls().unique().len() if not df.is_empty() else 0
-    skipped = f", {len(res.skipped)} skipped" if res.skipped else ""
-    return (f"{res.files} files read{skipped}, {res.lines:,} lines, {df.height} events"
-            f" ({top or 'none'}), {ranks} ranks, {hosts} hosts")
-
-
-def tool_version() -> str:
-    return __version__
 
 
 def _evidence(e) -> dict:

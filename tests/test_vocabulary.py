@@ -121,11 +121,11 @@ def test_a_file_without_meaning_is_refused(tmp_path: Path):
 
 
 # -- no module keeps its own kinds ---------------------------------------------------------
-_KIND_CALLS = {"rows", "kind_count", "check"}
+_KIND_CALLS = {"rows", "check"}
 
 
 def _kind_literals() -> list[tuple[str, int, str]]:
-    """String literals the package passes as event kinds: arguments of ctx.rows()/kind_count()/check()
+    """String literals the package passes as event kinds: arguments of ctx.rows()/check()
     and comparisons with a row's "kind"."""
     out = []
     root = Path(ncclforensics.__file__).parent

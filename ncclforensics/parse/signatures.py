@@ -14,7 +14,7 @@ from pathlib import Path
 import regex
 
 from ncclforensics.errors import CatalogueError
-from ncclforensics.model import EVENT_SCHEMA, SOURCES
+from ncclforensics.model import SOURCES
 
 
 def _patterns_dir() -> Path:
@@ -276,7 +276,3 @@ def load_signatures(root: Path = SIGNATURES_DIR) -> SignatureSet:
     if not sigs:  # a broken install would otherwise read every log as `unknown`
         raise CatalogueError(f"no signature files under {root}")
     return SignatureSet(sigs)
-
-
-def column_of(name: str) -> bool:
-    return name in EVENT_SCHEMA

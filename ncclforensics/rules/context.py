@@ -82,10 +82,6 @@ class Context:
         vocabulary().check(*kinds)
         return [r for r in self.all_rows if r["kind"] in kinds]
 
-    def kind_count(self, kind: str) -> int:
-        vocabulary().check(kind)
-        return self.events.filter(pl.col("kind") == kind).height
-
     @cached_property
     def all_rows(self) -> list[dict]:
         """Every row as a dict, built once (detectors read it; none may change a row)."""

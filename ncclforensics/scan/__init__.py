@@ -46,11 +46,6 @@ class ScanResult:
     index_html: Path | None = None
     statuses: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def rate(self) -> float:
-        """Runs analyzed per second (this scan, cache hits excluded)."""
-        return self.analyzed / self.seconds if self.seconds > 0 else 0.0
-
 
 def _cache_hit(doc: dict | None, spec: RunSpec, timeout: float, reports: bool, self_contained: bool) -> bool:
     if doc is None or doc.get("key") != spec.key:
