@@ -85,9 +85,6 @@ def _label(paths: list[str]) -> str:
     return " ".join("standard input" if p == "-" else p for p in paths)
 
 
-MD_CONTEXT_LINES = 3  # lines around each evidence line in --md and report.md, unless -C says otherwise
-
-
 class EventFormat(StrEnum):
     table = "table"
     csv = "csv"
@@ -232,14 +229,10 @@ def analyze(
 
 def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, out_dir: str | None,
              quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None) -> int:
-    import json
-
     from ncclforensics import outpaths
     from ncclforensics.analysis import analyze_events, note_several_runs
     from ncclforensics.incident import build_context
-    from ncclforensics.jsonout import diagnosis_dict
-    from ncclforensics.mdout import markdown
-    from ncclforensics.report.render import CONTEXT_LINES
+    from ncclforensics.outputs import FORMATS, DocFormat, Inputs, context_lines, render, reproducer
 
     fail = _fail_on(fail_on)
     to_stdout = [name for name, on in (("--json", as_json), ("--md", as_md), ("--html -", html == "-")) if on]
@@ -247,8 +240,21 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         raise UsageError(f"{' and '.join(to_stdout)} all write to stdout: choose one")
     html_target = outpaths.file_target(html, "--html")
     folder = outpaths.folder_target(out_dir, "-o")
+    # the documents asked for: where each goes (a file, stdout, or the -o folder)
+    targets: dict[DocFormat, list] = {f: [] for f in FORMATS}
+    if folder is not None:
+        for f, spec in FORMATS.items():
+            targets[f].append(folder / spec.file_name)
+    if html_target is not None:
+        targets[DocFormat.HTML].append(html_target)
+    if as_json:
+        targets[DocFormat.JSON].append(outpaths.STDOUT)
+    elif as_md:
+        targets[DocFormat.MARKDOWN].append(outpaths.STDOUT)
+    wanted = [f for f, where in targets.items() if where]
     progress = Progress.for_terminal(quiet=quiet)
     several = None
+    docs: dict[DocFormat, str] = {}
     try:
         res = _read_run(paths, progress)
         if len(paths) == 1:
@@ -258,43 +264,35 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         analysis = analyze_events(res)
         analysis.path = paths if len(paths) > 1 else paths[0]
         diag = analysis.diagnosis
-        repro = _reproducer(diag)
-        page = None
+        repro, problem = reproducer(analysis)
+        if problem:
+            err(f"ncclforensics: no reproducer for this verdict ({problem})")
         # the context lines are read back from the files once, as wide as the widest output wants
-        md_lines = MD_CONTEXT_LINES if context is None else context
-        wants_html = html_target is not None or folder is not None
-        wants_md = as_md or folder is not None
+        radius = context_lines(wanted, context)
         incident = None
-        if wants_html or wants_md or context is not None:
+        if radius is not None:
             progress.phase("reading the lines around the evidence")
-            incident = build_context(analysis, radius=max(CONTEXT_LINES if wants_html else 0,
-                                                          md_lines if wants_md else 0, context or 0))
-        if wants_html:
-            from ncclforensics.report.render import render_report
-
-            progress.phase("writing the HTML report")
-            page = render_report(analysis, repro, incident=incident.narrowed(CONTEXT_LINES))
+            incident = build_context(analysis, radius=radius)
+        for f in wanted:
+            if f is DocFormat.HTML:
+                progress.phase("writing the HTML report")
+            docs[f] = render(f, Inputs(analysis, repro, incident), context_arg=context)
     finally:
         progress.close()
     if several and not quiet:
         err(f"ncclforensics: {several}")
     if folder is not None:
         outpaths.make_folder(folder)
-        doc = json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n"
-        outpaths.write_text(folder / "diagnosis.json", doc)
-        outpaths.write_text(folder / "report.md", markdown(diag, repro, context=incident.narrowed(md_lines)))
-        outpaths.write_text(folder / "report.html", page)
-        written = ["report.html", "diagnosis.json", "report.md"]
-        if repro is not None:
-            outpaths.write_text(folder / "repro.py", repro.script)
-            written.append("repro.py")
-    if html_target is not None:
-        outpaths.write_text(html_target, page)
-    if as_json:
-        outpaths.write_text(outpaths.STDOUT, json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n")
-    elif as_md:
-        outpaths.write_text(outpaths.STDOUT, markdown(diag, repro, context=incident.narrowed(md_lines)))
-    elif html_target != outpaths.STDOUT:
+    written = []
+    for f in wanted:
+        for target in targets[f]:
+            outpaths.write_text(target, docs[f])
+            if folder is not None and target == folder / FORMATS[f].file_name:
+                written.append(FORMATS[f].file_name)
+    if folder is not None and repro is not None:
+        outpaths.write_text(folder / "repro.py", repro.script)
+        written.append("repro.py")
+    if not (as_json or as_md or html_target == outpaths.STDOUT):
         _print_terminal(diag, color, incident.narrowed(context) if context is not None else None)
     if not quiet:
         if folder is not None:
@@ -316,18 +314,6 @@ def _print_terminal(diag, color: ColorMode, context=None) -> None:
     console = stdout_console(color, width)
     for line in terminal(diag, width=width, context=context):
         console.print(line)
-
-
-def _reproducer(diag):
-    if diag.verdict.reproducer is None:
-        return None
-    try:
-        from ncclforensics.repro.render import render_reproducer
-
-        return render_reproducer(diag.verdict, diag.facts)
-    except Exception as exc:
-        err(f"ncclforensics: no reproducer for this verdict ({type(exc).__name__}: {str(exc)[:160]})")
-        return None
 
 
 @app.command()

@@ -189,7 +189,7 @@ def table(df: pl.DataFrame, console: Console, *, limit: int | None) -> int:
     """Print up to `limit` rows (all for None) as a table fitted to the console's width; returns
     how many rows it left out. Columns empty in every shown row are left out; a cell that does not
     fit is cut with a visible `…` (a path at its start, the rest at its end)."""
-    from ncclforensics.termout import cut, cut_left
+    from ncclforensics.words import cut, cut_left
 
     rows = df if limit is None else df.head(limit)
     cols, time_header = _cells(rows)

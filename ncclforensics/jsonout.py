@@ -7,14 +7,9 @@ import json
 import polars as pl
 
 from ncclforensics import __version__
+from ncclforensics.times import JSON_EVENT, utc_text
 
 SCHEMA_VERSION = 1
-
-
-def _iso(ts) -> str | None:
-    if ts is None:
-        return None
-    return ts.strftime("%Y-%m-%dT%H:%M:%S") + (f".{ts.microsecond:06d}" if ts.microsecond else "") + "Z"
 
 
 def events_json(df: pl.DataFrame) -> str:
@@ -22,7 +17,7 @@ def events_json(df: pl.DataFrame) -> str:
     out = df.with_columns(pl.col("source").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8))
     rows = out.to_dicts()
     for r in rows:
-        r["ts"] = _iso(r["ts"])
+        r["ts"] = utc_text(r["ts"], JSON_EVENT)
     return json.dumps(rows, ensure_ascii=False, indent=None) + "\n"
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import regex
 
+from ncclforensics.atomic import atomic_write
 from ncclforensics.errors import CatalogueError
 from ncclforensics.model import SOURCES
 
@@ -234,9 +235,7 @@ def _cached_anchors(literals: list[str]) -> list[str]:
     anchors = choose_anchors(literals, noise)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(anchors))
-        os.replace(tmp, cache)
+        atomic_write(cache, json.dumps(anchors))
     except OSError:
         pass  # a read-only home: compute again next time
     return anchors

@@ -19,7 +19,7 @@ from ncclforensics.report.chartdata import (
     RankState,
 )
 from ncclforensics.report.timeline import FR_STEPS, TimelineEvent, TimelineView
-from ncclforensics.report.words import short
+from ncclforensics.words import cut
 
 COLORS = STATE_COLORS
 # timeline categories: causes warm, reactions cool, bookkeeping grey (timeline.CATEGORIES)
@@ -263,7 +263,7 @@ def _tl_hover(e: TimelineEvent) -> str:
 
 
 def _lane_label(lane: str, culprit: bool) -> str:
-    text = _e(short(lane, 28))
+    text = _e(cut(lane, 28, fold=False))
     return f'<span style="color:{COLORS["culprit"]}"><b>{text}</b></span>' if culprit else text
 
 
@@ -305,7 +305,7 @@ def timeline_chart(view: TimelineView) -> Chart | None:
     fig.update_xaxes(title_text="time (UTC)", gridcolor=GRID,
                      **({"range": list(view.x_range)} if view.x_range else {}))
     _layout(fig, height=170 + 30 * len(view.lanes))
-    longest = max((len(short(x, 28)) for x in view.lanes), default=8)
+    longest = max((len(cut(x, 28, fold=False)) for x in view.lanes), default=8)
     fig.update_layout(margin=dict(l=min(230, 24 + 8 * longest), t=60), hovermode="closest",
                       legend=dict(y=1.0, yanchor="bottom"))
     return _chart(fig, "chart-timeline")

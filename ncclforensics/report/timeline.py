@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from ncclforensics.model import json_object, rank_ranges
-from ncclforensics.report.words import short
 from ncclforensics.rules.context import is_symptom_row
+from ncclforensics.times import PLOTLY, utc_text
+from ncclforensics.words import cut
 
 # Key events: kind -> category (plain words; the marker's colour and the legend). Causes first,
 # reactions last; a kind not listed is named after its source (SOURCE_WORDS), never by its raw name.
@@ -94,8 +95,8 @@ class TimelineView:
     focused: bool  # x_range is the incident window within a longer span (double-click shows it all)
 
 
-def _iso(ts: datetime) -> str:
-    return ts.strftime("%Y-%m-%d %H:%M:%S.%f")
+def _plotly(ts: datetime) -> str:
+    return utc_text(ts, PLOTLY) or ""
 
 
 def category_of(kind: str, source: str) -> str:
@@ -150,7 +151,7 @@ def _key_rows(ev: pl.DataFrame, diag) -> tuple[list[dict], int, dict | None]:
     key = key.sort(["_root", "ts"], descending=[True, False]).unique(
         subset=["kind", "rank", "host", "_sec"], keep="first", maintain_order=True).sort(["ts", "rank"])
     rows = [{**r, "ts": r["ts"].replace(tzinfo=None), "_cat": category_of(r["kind"], r["source"]),
-             "_text": short(r["detail"] or r["text"], 120)} for r in key.iter_rows(named=True)]
+             "_text": cut(r["detail"] or r["text"], 120, fold=False)} for r in key.iter_rows(named=True)]
     return rows, untimed, root
 
 
@@ -316,7 +317,7 @@ def _stack(rows: list[dict], lanes: tuple[str, ...], culprits: set[int], hosts: 
         last[r["_lane"]] = (t if k == 0 else prev_t, k)
         mine = (r["rank"] in culprits) if r["rank"] is not None else (r["host"] in hosts)
         out.append(TimelineEvent(
-            ts=_iso(r["ts"]), lane=r["_lane"], y=pos[r["_lane"]] + STACK_OFFSETS[k % len(STACK_OFFSETS)],
+            ts=_plotly(r["ts"]), lane=r["_lane"], y=pos[r["_lane"]] + STACK_OFFSETS[k % len(STACK_OFFSETS)],
             category=r["_cat"], rank=r["rank"], host=r["host"] or "", where=f"{r['file']}:{r['line']}",
             text=r["_text"], culprit=mine, root=r["_root"], launcher=str(r["source"]) in LAUNCHER_SOURCES,
             label=r.get("_label", "") if group_by == "rank" else "",
@@ -335,7 +336,7 @@ def _focus(events, anchor, first_to, rows) -> dict:
     span = t1 - t0
     if span < timedelta(seconds=4):
         mid = t0 + span / 2
-        return {"x_range": (_iso(mid - timedelta(seconds=3)), _iso(mid + timedelta(seconds=3))), "focused": False}
+        return {"x_range": (_plotly(mid - timedelta(seconds=3)), _plotly(mid + timedelta(seconds=3))), "focused": False}
     starts = [datetime.fromisoformat(e.ts) for e in (anchor, first_to) if e is not None]
     if first_to is not None:
         timeout_ms = max((r.get("timeout_ms") or 0) for r in rows if r["kind"] in TIMEOUT_KINDS)
@@ -346,4 +347,4 @@ def _focus(events, anchor, first_to, rows) -> dict:
     if (t1 - start) * 3 > span:
         return none
     pad = max((t1 - start) * 0.05, timedelta(seconds=1))
-    return {"x_range": (_iso(start - pad), _iso(t1 + pad)), "focused": True}
+    return {"x_range": (_plotly(start - pad), _plotly(t1 + pad)), "focused": True}

@@ -65,6 +65,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncclforensics.atomic import atomic_write
 from ncclforensics.errors import UsageError
 from ncclforensics.events import NOT_LOG_SUFFIXES
 from ncclforensics.ingest import archive
@@ -214,12 +215,10 @@ class IdentityCache:
 
     def save(self) -> None:
         """Write the identities of the files seen this time (atomically; a failed write is no error)."""
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({"fingerprint": analyzer_fingerprint(), "files": self.new}), encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps({"fingerprint": analyzer_fingerprint(), "files": self.new}))
         except OSError:
-            tmp.unlink(missing_ok=True)
+            pass
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -11,6 +10,9 @@ import jinja2
 import polars as pl
 
 from ncclforensics import __version__
+from ncclforensics.atomic import atomic_write
+from ncclforensics.times import GENERATED_SECOND, TABLE, now_text, utc_text
+from ncclforensics.words import human_bytes
 
 TABLE_LIMIT = 20_000  # rows in the page's run table; summary.csv always has them all
 OFFENDER_LIMIT = 200
@@ -134,16 +136,6 @@ def _timeline(rows: list[dict]) -> dict:
             "w": CHART_W, "h": CHART_H, "left": LEFT, "base": BASE}
 
 
-def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
 def page_context(df: pl.DataFrame, *, root: str, stats: dict) -> dict:
     rows = df.to_dicts()
     by_class = Counter(_cls(r) for r in rows)
@@ -162,15 +154,15 @@ def page_context(df: pl.DataFrame, *, root: str, stats: dict) -> dict:
             "culprits": ", ".join(map(str, r["culprit_ranks"] or [])),
             "culprit_hosts": ", ".join(r["culprit_hosts"] or []),
             "collective": " #".join(str(x) for x in (r["op"], r["seq"]) if x is not None),
-            "when": when.strftime("%Y-%m-%d %H:%M:%S") if when else "", "when_v": when.isoformat() if when else "",
+            "when": utc_text(when, TABLE) or "", "when_v": when.isoformat() if when else "",
             "xids": ", ".join(r["xids"] or []), "hosts": len(r["hosts"] or []),
             "hosts_list": ", ".join((r["hosts"] or [])[:50]),
             "world": "" if r["world_size"] is None else r["world_size"],
-            "size": _fmt_bytes(r["bytes"]), "size_v": r["bytes"] or 0,
+            "size": human_bytes(r["bytes"]), "size_v": r["bytes"] or 0,
             "note": r["error"] or r["title"] or "",
         })
     return {
-        "root": root, "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "root": root, "generated": now_text(GENERATED_SECOND),
         "version": __version__, "stats": stats, "n_runs": len(rows),
         "n_failed": sum(1 for r in rows if r["status"] != "ok"), "classes": classes,
         "hosts": _offenders(rows, "xid_hosts", "culprit_hosts"),
@@ -187,9 +179,7 @@ def render_index(df: pl.DataFrame, *, root: str, stats: dict) -> str:
 
 def write_index(df: pl.DataFrame, out_dir: Path, *, root: str, stats: dict) -> Path:
     path = out_dir / "index.html"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(render_index(df, root=root, stats=stats), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, render_index(df, root=root, stats=stats))
     return path
 
 
