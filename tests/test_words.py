@@ -1,11 +1,17 @@
-"""The shared phrasing helpers: one for each thing people read (times, sizes, cuts, culprits, collectives)."""
+"""The shared helpers: one for each thing written or read alike everywhere (times, sizes, cuts, culprits,
+collectives, signals)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import signal
+import sys
+
+import pytest
 
 from ncclforensics import times
 from ncclforensics.model import Collective, Finding, RootCause, rank_ranges
+from ncclforensics.signals import LINUX_SIGNALS, signal_name, signal_number, signal_of_exit
 from ncclforensics.words import collective_words, culprit_text, cut, cut_left, human_bytes
 
 T = dt.datetime(2026, 11, 22, 7, 44, 34, 246813, tzinfo=dt.UTC)
@@ -70,3 +76,16 @@ def test_culprit_and_collective_words():
     assert collective_words(_finding()) == "none identified"
     assert collective_words(_finding(collective=Collective("0", "ALLREDUCE", 9))) == "PG 0 ALLREDUCE, SeqNum 9"
     assert collective_words(_finding(collective=Collective(None, "BARRIER", None))) == "BARRIER, SeqNum unknown"
+
+
+def test_signal_words():
+    assert [signal_number(t) for t in ("SIGKILL", "Killed", "killed", "-9", "9", "Segmentation fault (core dumped)",
+                                       "Floating-point exception", "Out Of Memory")] == [9, 9, 9, 9, 9, 11, 8, None]
+    assert (signal_name(7), signal_name(None), signal_name(64)) == ("SIGBUS", "a signal", "signal 64")
+    assert [signal_of_exit(c) for c in (-6, 134, 250, 1, None)] == [6, 6, 6, None, None]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the stdlib's signal table is the platform's")
+def test_signal_table_is_linuxs():
+    for n, (name, text) in LINUX_SIGNALS.items():
+        assert (signal.Signals(n).name, signal.strsignal(n)) == (name, text)

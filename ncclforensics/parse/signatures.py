@@ -16,6 +16,7 @@ import regex
 from ncclforensics.atomic import atomic_write
 from ncclforensics.errors import CatalogueError
 from ncclforensics.model import SOURCES
+from ncclforensics.signals import signal_number
 
 
 def _patterns_dir() -> Path:
@@ -35,16 +36,6 @@ ANCHOR_LENGTHS = (5, 6, 8)
 FIELD_TYPES = ("int", "str", "ms", "ranks", "float", "signal")
 MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, never hangs the run
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
-
-SIGNALS = {
-    "SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGILL": 4, "SIGTRAP": 5, "SIGABRT": 6, "SIGBUS": 7,
-    "SIGFPE": 8, "SIGKILL": 9, "SIGUSR1": 10, "SIGSEGV": 11, "SIGUSR2": 12, "SIGPIPE": 13,
-    "SIGALRM": 14, "SIGTERM": 15,
-    # strsignal() texts, as the DataLoader and srun print them
-    "Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "Aborted": 6, "Bus error": 7,
-    "Floating point exception": 8, "Floating-point exception": 8, "Killed": 9,
-    "Segmentation fault": 11, "Terminated": 15,
-}
 
 
 # keys a signature file may have; `meaning` is read by ncclforensics.vocabulary
@@ -117,10 +108,7 @@ def convert(kind: str, raw: str) -> object | None:
         if kind == "ranks":
             return [int(x) for x in re.findall(r"\d+", raw)]
         if kind == "signal":
-            if raw.lstrip("-").isdigit():
-                return abs(int(raw))
-            name = raw.split(" (")[0].rstrip(". ")
-            return SIGNALS.get(name) or SIGNALS.get(name.capitalize())
+            return signal_number(raw)
     except (ValueError, OverflowError):
         return None
     return raw
