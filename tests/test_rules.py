@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ncclforensics.events import build_events
-from ncclforensics.model import RULE_PREFIX, RootCause
+from ncclforensics.model import CAUSES, RootCause
 from ncclforensics.repro import templates as _templates_pkg  # noqa: F401 - the folder must exist
 from ncclforensics.rules import engine
 from ncclforensics.rules.context import Context
@@ -25,13 +25,22 @@ def test_rules_cover_every_class():
     assert {r.root_cause for r in RULES} == set(RootCause) - {RootCause.UNKNOWN}
 
 
+def test_one_row_per_root_cause():
+    assert set(CAUSES) == set(RootCause)
+    rows = [CAUSES[c] for c in RootCause if c is not RootCause.UNKNOWN]
+    assert all(re.fullmatch(r"[A-Z]{2}", c.prefix) for c in rows)
+    assert len({c.prefix for c in rows}) == len(rows), "prefixes are never shared"
+    assert len({c.color for c in CAUSES.values()}) == len(CAUSES), "each class its own colour"
+    assert all(c.plain and c.plain[0].isupper() and not c.plain.endswith(".") for c in CAUSES.values())
+
+
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.stem)
 def test_rule_file_conventions(path: Path):
     d = tomllib.loads(path.read_text())
     assert path.stem == f"{d['id']}-{d['name']}", "file name must be {id}-{name}"
     assert path.parent.name == d["root_cause"], "folder must be the root cause"
     assert re.fullmatch(r"[A-Z]{2}\d{3}", d["id"])
-    assert d["id"][:2] == RULE_PREFIX[RootCause(d["root_cause"])], "id prefix must match the root cause"
+    assert d["id"][:2] == CAUSES[RootCause(d["root_cause"])].prefix, "id prefix must match the root cause"
     assert re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", d["name"])
     for section in DOC_SECTIONS:
         assert len(d.get("doc", {}).get(section, "")) > 20, f"doc section {section} missing or empty"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from markupsafe import Markup
 
 from ncclforensics.incident import EvidenceContext, FrameGroup, IncidentContext, TailLine
-from ncclforensics.model import Evidence, Finding, RootCause, rank_ranges
+from ncclforensics.model import CAUSES, Evidence, Finding, rank_ranges
 from ncclforensics.report.chartdata import STATE_COLORS, STATE_TEXT, STATES, FrontierView, frontier_view
 from ncclforensics.report.richtext import to_html, to_inline_html
 from ncclforensics.report.timeline import TimelineView, timeline_view
@@ -16,19 +16,6 @@ from ncclforensics.rules.loader import DOC_SECTIONS, rule_by_id
 from ncclforensics.times import READABLE, utc_text
 from ncclforensics.words import collective_words, confidence_word, culprit_text, cut, human_bytes, names
 
-# What each root cause means, in the words a tired on-call engineer wants first (DESIGN.md §3).
-PLAIN = {
-    RootCause.RANK_DIVERGENCE: "The ranks took different code paths",
-    RootCause.CHECKPOINT_SAVE: "A checkpoint save held up the other ranks",
-    RootCause.NETWORK_INIT: "The ranks could not connect at start-up",
-    RootCause.DATALOADER_ABORT: "A DataLoader worker died",
-    RootCause.GPU_HARDWARE: "A GPU or its link failed",
-    RootCause.OOM: "A process ran out of memory",
-    RootCause.RANK_CRASH: "A training process crashed",
-    RootCause.NETWORK_RUNTIME: "The network failed during training",
-    RootCause.LAUNCH_CONFIG: "The launch or environment is misconfigured",
-    RootCause.UNKNOWN: "Not enough evidence for a root cause",
-}
 DOC_HEADINGS = {
     "what_it_detects": "What the rule saw",
     "why_it_happens": "Why this happens",
@@ -267,7 +254,7 @@ def _verdict(diag) -> VerdictView:
     else:
         change, label = v.doc.get("known_false_positives", ""), "When this could be wrong"
     return VerdictView(
-        root_cause=v.root_cause.value, plain=PLAIN.get(v.root_cause, v.root_cause.value),
+        root_cause=v.root_cause.value, plain=CAUSES[v.root_cause].plain,
         title=cut(v.title, 240, fold=False), summary=cut(v.message, 1500, fold=False), rule=v.rule or "",
         confidence=f"{v.confidence:.2f}", confidence_word=confidence_word(v.confidence),
         culprits=culprit_text(v), has_culprit=bool(v.culprit_ranks or v.culprit_hosts),

@@ -11,20 +11,18 @@ import polars as pl
 
 from ncclforensics import __version__
 from ncclforensics.atomic import atomic_write
+from ncclforensics.model import CAUSES
 from ncclforensics.times import GENERATED_SECOND, TABLE, now_text, utc_text
 from ncclforensics.words import human_bytes
 
 TABLE_LIMIT = 20_000  # rows in the page's run table; summary.csv always has them all
 OFFENDER_LIMIT = 200
-COLORS = {
-    "rank_divergence": "#4e79a7", "checkpoint_save": "#f28e2b", "network_init": "#59a14f",
-    "dataloader_abort": "#b07aa1", "gpu_hardware": "#e15759", "oom": "#ff9da7", "rank_crash": "#9c755f",
-    "network_runtime": "#76b7b2", "launch_config": "#edc948", "unknown": "#bab0ac", "analysis failed": "#333333",
-}
+FAILED = "analysis failed"  # the row of a run whose analysis failed, beside the root causes
+COLORS = {**{c.value: cause.color for c, cause in CAUSES.items()}, FAILED: "#333333"}
 
 
 def _cls(r: dict) -> str:
-    return r["root_cause"] if r["status"] == "ok" and r["root_cause"] else "analysis failed"
+    return r["root_cause"] if r["status"] == "ok" and r["root_cause"] else FAILED
 
 
 def _href(r: dict) -> str | None:
