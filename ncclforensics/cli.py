@@ -86,6 +86,8 @@ def _label(paths: list[str]) -> str:
 
 
 class EventFormat(StrEnum):
+    """`events -f`: each maps to its writer in eventview.WRITERS."""
+
     table = "table"
     csv = "csv"
     parquet = "parquet"
@@ -131,7 +133,6 @@ def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bo
     from ncclforensics import eventview, outpaths
     from ncclforensics.analysis import no_input_message
     from ncclforensics.events import build_events
-    from ncclforensics.jsonout import events_json
 
     if fmt is EventFormat.parquet and output in (None, outpaths.STDOUT):
         raise UsageError("-f parquet writes a binary file: name it with -o FILE")
@@ -147,40 +148,10 @@ def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bo
     df = eventview.ordered(flt.apply(res.events))
     if limit is not None and limit > 0 and fmt is not EventFormat.table:
         df = df.head(limit)
-    if fmt is EventFormat.parquet:
-        outpaths.make_folder(Path(target).parent)
-        try:
-            df.write_parquet(target)
-        except OSError as exc:
-            raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
-    elif fmt is EventFormat.csv:
-        outpaths.write_text(target, df.with_columns(df["source"].cast(str), df["kind"].cast(str)).write_csv())
-    elif fmt is EventFormat.json:
-        outpaths.write_text(target, events_json(df))
-    else:
-        _events_table(df, target, color=color, limit=eventview.TABLE_ROWS if limit is None else limit or None)
+    eventview.WRITERS[fmt.value](df, target, color=color,
+                                 limit=eventview.TABLE_ROWS if limit is None else limit or None)
     if not quiet:
         err(eventview.summary_line(res, df, flt))
-
-
-def _events_table(df, target, *, color: ColorMode, limit: int | None) -> None:
-    import io
-
-    from rich.console import Console
-
-    from ncclforensics import eventview, outpaths
-    from ncclforensics.console import stdout_console, terminal_width
-
-    if target == outpaths.STDOUT:
-        console = stdout_console(color)
-    else:  # a file: plain text, as wide as the table needs
-        console = Console(file=io.StringIO(), width=max(terminal_width(), 200), color_system=None,
-                          highlight=False, markup=False, emoji=False)
-    hidden = eventview.table(df, console, limit=limit)
-    if hidden:
-        console.print(eventview.hidden_note(hidden, df.height, console.width), style="dim", soft_wrap=True)
-    if target != outpaths.STDOUT:
-        outpaths.write_text(target, console.file.getvalue())
 
 
 def _fail_on(value: str | None) -> set[str]:

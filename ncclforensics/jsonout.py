@@ -1,24 +1,10 @@
-"""Machine-readable output: the --json contract (DESIGN.md §4) and the event table as JSON."""
+"""The --json contract (DESIGN.md §4): the diagnosis as the one stable document other tools parse."""
 
 from __future__ import annotations
 
-import json
-
-import polars as pl
-
 from ncclforensics import __version__
-from ncclforensics.times import JSON_EVENT, utc_text
 
 SCHEMA_VERSION = 1
-
-
-def events_json(df: pl.DataFrame) -> str:
-    """A JSON array, one object per row, keys = the schema's column names."""
-    out = df.with_columns(pl.col("source").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8))
-    rows = out.to_dicts()
-    for r in rows:
-        r["ts"] = utc_text(r["ts"], JSON_EVENT)
-    return json.dumps(rows, ensure_ascii=False, indent=None) + "\n"
 
 
 def _evidence(e) -> dict:

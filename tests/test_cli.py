@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from ncclforensics import __version__
-from ncclforensics.cli import main
+from ncclforensics.cli import EventFormat, main
 from ncclforensics.console import Progress
+from ncclforensics.eventview import WRITERS
 from ncclforensics.model import Collective, Diagnosis, Evidence, Finding, Fix, RootCause, RunFacts, Skipped
 from ncclforensics.termout import terminal
 
@@ -174,6 +175,14 @@ def test_events_parquet_into_new_folder(cli, tmp_path):
     target = tmp_path / "x" / "ev.parquet"
     assert cli("events", str(RUN), "-f", "parquet", "-o", str(target), "--kind", "gloo_timeout").code == 0
     assert set(pl.read_parquet(target)["kind"].cast(str)) == {"gloo_timeout"}
+
+
+@pytest.mark.parametrize("fmt", list(EventFormat))
+def test_every_events_format_has_its_writer(cli, tmp_path, fmt):
+    assert set(WRITERS) == {f.value for f in EventFormat}
+    target = tmp_path / f"ev.{fmt.value}"
+    r = cli("events", str(RUN), "-f", fmt.value, "-o", str(target), "--kind", "gloo_timeout", "-q")
+    assert r.code == 0 and target.stat().st_size > 0 and r.out == ""
 
 
 # -- terminal width, no silent cut -------------------------------------------------------------
