@@ -42,7 +42,7 @@ def environment() -> jinja2.Environment:
 
 
 @functools.cache
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
     """Our own CSS/JS, inlined with |safe by the template (never log data)."""
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
@@ -66,8 +66,8 @@ def render_report(analysis, repro=None, *, generated: datetime | None = None, pl
     when = utc_text(generated or datetime.now(UTC), GENERATED_MINUTE)
     return environment().get_template("report.html.j2").render(
         v=view,
-        css=_asset("report.css"),
-        js=_asset("report.js"),
+        css=asset("report.css"),
+        js=asset("report.js"),
         # the only |safe values of the template are our own CSS and JS; chart specs go through |tojson
         plotly=plotly_asset(plotly_src) if (frontier or timeline) else None,
         frontier_chart=frontier,
