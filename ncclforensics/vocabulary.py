@@ -10,6 +10,9 @@ entries; the first entry whose `when` holds for a row gives that row's meaning:
     strength = "decisive"        # causes only: decisive | strong | weak
     phase = "init"               # optional: init | runtime (when the failure happened)
 
+A file may also name its kind's category in the report's timeline (`timeline = "gpu"`; the
+categories are report/timeline.CATEGORIES).
+
 This module is the one place that answers "is this kind a cause of X?": no other module keeps its
 own set of kinds. `annotate` writes each row's meaning into the event table (columns `class`,
 `role`, `strength`, `phase`), so rules read meanings as data.
@@ -86,6 +89,7 @@ class KindSpec:
     culprit_fields: tuple[str, ...] = ()  # fields holding ranks the text names as the culprits
     duplicate_of: tuple[str, ...] = ()  # dropped where one of these kinds is on the same line (it says the same)
     same_meaning_as: str | None = None  # another kind whose [[meaning]] list this one shares
+    timeline: str | None = None  # its category in the report's timeline (report/timeline.CATEGORIES)
 
     def meaning_of(self, row: dict) -> Meaning:
         """The meaning of one row (a dict of event-table columns)."""
@@ -177,7 +181,7 @@ def _load_spec(path: Path, root: Path) -> KindSpec:
                     rank_fields=tuple(data.get("rank_fields", ())),
                     culprit_fields=tuple(data.get("culprit_fields", ())),
                     duplicate_of=tuple(data.get("duplicate_of", ())),
-                    same_meaning_as=data.get("same_meaning_as"))
+                    same_meaning_as=data.get("same_meaning_as"), timeline=data.get("timeline"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +206,10 @@ class Vocabulary:
 
     def meaning_of(self, row: dict) -> Meaning:
         return self.spec(row["kind"]).meaning_of(row)
+
+    def kinds_in_timeline(self, category: str) -> frozenset[str]:
+        """Kinds whose signature files put them in this timeline category."""
+        return frozenset(k for k, s in self.specs.items() if s.timeline == category)
 
     @functools.cached_property
     def _naming(self) -> frozenset[str]:

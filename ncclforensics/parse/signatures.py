@@ -38,9 +38,9 @@ MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, nev
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
 
 
-# keys a signature file may have; `meaning` is read by ncclforensics.vocabulary
+# keys a signature file may have; `meaning` and `timeline` are read by ncclforensics.vocabulary
 _KEYS = frozenset({"event", "source", "description", "prefilter", "no_match", "fields", "variants", "match",
-                   "set", "weak", "meaning", "carrier", "launcher",
+                   "set", "weak", "meaning", "carrier", "launcher", "timeline",
                    "rank_fields", "culprit_fields", "duplicate_of",
                    "same_meaning_as"})
 
