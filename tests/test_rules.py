@@ -56,6 +56,19 @@ def test_rule_file_conventions(path: Path):
     assert (path.parent / f"{path.stem}.cases.toml").exists(), "a rule ships with its cases file"
 
 
+@pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.stem)
+def test_every_rule_has_a_firing_and_a_quiet_case(path: Path):
+    """STYLE.md habit 3: a rule ships with at least one case it fires on and one it stays quiet on."""
+    cases = [c for c in tomllib.loads(path.read_text()).values() if isinstance(c, dict)]
+    fires = [c["expect"]["fires"] for c in cases]
+    assert True in fires, "no case where the rule fires"
+    assert False in fires, "no case where the rule stays quiet"
+
+
+def test_every_rule_has_its_cases_file():
+    assert {p.name.removesuffix(".cases.toml") for p in CASE_FILES} == {p.stem for p in RULE_FILES}
+
+
 def test_rule_ids_unique():
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
