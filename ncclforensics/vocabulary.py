@@ -31,6 +31,7 @@ from pathlib import Path
 import polars as pl
 import regex
 
+from ncclforensics.errors import PatternError, check_keys
 from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, json_object
 from ncclforensics.parse.signatures import SIGNATURES_DIR
 
@@ -38,9 +39,10 @@ _MEANING_TYPES = {c: EVENT_SCHEMA[c] for c in MEANING_COLUMNS}
 # columns a `when` may test directly; any other key is a typed field kept in the `extra` JSON
 _COLUMN_KEYS = frozenset({"code", "detail", "text", "op", "seq", "source", "pg", "rank", "timeout_ms"})
 _PHASES = ("init", "runtime")
+_MEANING_KEYS = frozenset({"when", "class", "role", "strength", "phase"})
 
 
-class VocabularyError(Exception):
+class VocabularyError(PatternError):
     """A signature file declares no meaning or a malformed one, or code names an undeclared kind."""
 
 
@@ -117,9 +119,7 @@ def _holds(row: dict, extra: dict, key: str, want: object) -> bool:
 
 
 def _parse_meaning(rel: str, entry: dict) -> Meaning:
-    unknown = set(entry) - {"when", "class", "role", "strength", "phase"}
-    if unknown:
-        raise VocabularyError(f"{rel}: unknown meaning key(s) {sorted(unknown)}")
+    check_keys(entry, _MEANING_KEYS, rel, VocabularyError, "meaning")
     try:
         role = EvidenceRole(entry["role"])
     except (KeyError, ValueError):

@@ -65,6 +65,19 @@ def test_every_rule_has_a_firing_and_a_quiet_case(path: Path):
     assert False in fires, "no case where the rule stays quiet"
 
 
+CASE_KEYS = {"logs", "expect"}
+EXPECT_KEYS = {"fires", "culprit_ranks", "op_type", "seq", "fix"}  # what test_rule_case checks
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.stem)
+def test_cases_files_have_no_unknown_keys(path: Path):
+    """A typo in `expect` (`culprits = [1]`) would leave the case checking less than it says."""
+    cases = {n: c for n, c in tomllib.loads(path.read_text()).items() if isinstance(c, dict)}
+    for name, case in cases.items():
+        assert set(case) <= CASE_KEYS, f"{name}: unknown key(s) {sorted(set(case) - CASE_KEYS)}"
+        assert set(case["expect"]) <= EXPECT_KEYS, f"{name}: unknown expect key(s) {set(case['expect']) - EXPECT_KEYS}"
+
+
 def test_every_rule_has_its_cases_file():
     assert {p.name.removesuffix(".cases.toml") for p in CASE_FILES} == {p.stem for p in RULE_FILES}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import regex
 
 from ncclforensics.atomic import atomic_write
-from ncclforensics.errors import CatalogueError
+from ncclforensics.errors import CatalogueError, PatternError, check_keys
 from ncclforensics.model import SOURCES
 from ncclforensics.signals import signal_number
 
@@ -38,14 +38,19 @@ MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, nev
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
 
 
-# keys a signature file may have; `meaning` and `timeline` are read by ncclforensics.vocabulary
+# keys a signature file may have; `parser` (a kind a block parser emits), `meaning`, `carrier`, `launcher`,
+# `timeline`, `*_fields`, `duplicate_of` and `same_meaning_as` are read by ncclforensics.vocabulary
 _KEYS = frozenset({"event", "source", "description", "prefilter", "no_match", "fields", "variants", "match",
                    "set", "weak", "meaning", "carrier", "launcher", "timeline",
                    "rank_fields", "culprit_fields", "duplicate_of",
-                   "same_meaning_as"})
+                   "same_meaning_as", "parser"})
+_VARIANT_KEYS = frozenset({"name", "regex"})
+# a `match` sample: one line (`line`), or a block parser's input (`lines`, `json`); its typed `fields`
+# (tests/test_signatures.py) and its row's `meaning` (tests/test_vocabulary.py)
+_SAMPLE_KEYS = frozenset({"line", "lines", "json", "fields", "meaning"})
 
 
-class SignatureError(Exception):
+class SignatureError(PatternError):
     """A signature file is malformed (a bug in patterns/, caught by the tests)."""
 
 
@@ -114,35 +119,37 @@ def convert(kind: str, raw: str) -> object | None:
     return raw
 
 
-def _load_one(path: Path) -> Signature | None:
+def _load_one(path: Path, root: Path = SIGNATURES_DIR) -> Signature | None:
     """The line signature a file declares, or None for a kind a block parser emits (`parser = …`)."""
+    rel = path.relative_to(root).as_posix()
+    where = path.relative_to(root.parent.parent).as_posix()  # patterns/signatures/<source>/<file>
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
-        raise SignatureError(f"{path}: {exc}") from None
-    rel = path.relative_to(SIGNATURES_DIR).as_posix()
+        raise SignatureError(f"{where}: {exc}") from None
+    check_keys(data, _KEYS, where, SignatureError)
+    for section, known in (("variants", _VARIANT_KEYS), ("match", _SAMPLE_KEYS)):
+        for entry in data.get(section, []):
+            check_keys(entry, known, where, SignatureError, section)
     if "parser" in data:
         return None
-    unknown = set(data) - _KEYS
-    if unknown:
-        raise SignatureError(f"{rel}: unknown key(s) {sorted(unknown)}")
     for key in ("event", "source", "prefilter", "variants"):
         if key not in data:
-            raise SignatureError(f"{rel}: missing key {key!r}")
+            raise SignatureError(f"{where}: missing key {key!r}")
     if data["source"] not in SOURCES:
-        raise SignatureError(f"{rel}: unknown source {data['source']!r}")
+        raise SignatureError(f"{where}: unknown source {data['source']!r}")
     fields = dict(data.get("fields", {}))
     for name, kind in fields.items():
         if kind not in FIELD_TYPES:
-            raise SignatureError(f"{rel}: field {name!r} has unknown type {kind!r}")
+            raise SignatureError(f"{where}: field {name!r} has unknown type {kind!r}")
     variants = []
     for v in data["variants"]:
         if not isinstance(v.get("regex"), str) or not v["regex"]:
-            raise SignatureError(f"{rel}: a variant needs a regex")
+            raise SignatureError(f"{where}: a variant needs a regex")
         variants.append(v["regex"])
     prefilter = tuple(data["prefilter"])
     if not prefilter or any(not p for p in prefilter):
-        raise SignatureError(f"{rel}: prefilter needs non-empty literals")
+        raise SignatureError(f"{where}: prefilter needs non-empty literals")
     return Signature(
         path=rel, event=data["event"], source=data["source"], prefilter=prefilter,
         patterns=tuple(variants), fields=fields, constants=dict(data.get("set", {})),
@@ -259,7 +266,7 @@ def choose_anchors(literals: list[str], noise: list[str]) -> list[str]:
 
 @functools.cache
 def load_signatures(root: Path = SIGNATURES_DIR) -> SignatureSet:
-    sigs = [s for p in sorted(root.rglob("*.toml")) if (s := _load_one(p)) is not None]
+    sigs = [s for p in sorted(root.rglob("*.toml")) if (s := _load_one(p, root)) is not None]
     if not sigs:  # a broken install would otherwise read every log as `unknown`
         raise CatalogueError(f"no signature files under {root}")
     return SignatureSet(sigs)
