@@ -90,14 +90,13 @@ def no_input_message(label: str, res: IngestResult) -> str:
 def analyze_events(res: IngestResult) -> Analysis:
     ctx = Context.build(res.events)
     evaluation = engine.evaluate(ctx)
-    ctx.notes.extend(evaluation.notes)
     findings = evaluation.findings
     root = engine.order(findings)
     if root is None:
         root = engine.unknown_finding(ctx)
         findings = [root, *findings]
     findings.sort(key=lambda f: (f.role.value != "root", f.role.value == "cascade", -f.confidence))
-    facts = run_facts(res, ctx)
+    facts = run_facts(res, ctx, evaluation.notes)
     missing = root.doc.get("what_would_settle_it") if root.root_cause is RootCause.UNKNOWN else _missing_logs(ctx)
     diag = Diagnosis(facts=facts, verdict=root, findings=findings, ranks=rank_rows(ctx, root),
                      first_failure=_first_failure(root), missing=missing)
@@ -131,7 +130,7 @@ def _missing_logs(ctx: Context) -> str | None:
     return f"no log lines from ranks {shown}: their logs would confirm or change this verdict"
 
 
-def run_facts(res: IngestResult, ctx: Context) -> RunFacts:
+def run_facts(res: IngestResult, ctx: Context, rule_notes: list[str]) -> RunFacts:
     versions: dict[str, str] = {}
     for r in ctx.rows("nccl_version", "nccl_error", "pg_init"):
         v = extra(r).get("version")
@@ -142,8 +141,8 @@ def run_facts(res: IngestResult, ctx: Context) -> RunFacts:
         x = extra(r)
         if x.get("name"):
             env[str(x["name"])] = str(x.get("value", ""))[:200]
-    notes = list(res.notes) + list(dict.fromkeys(ctx.notes))
-    if ctx.world_size and not getattr(ctx, "world_size_stated", True):
+    notes = list(res.notes) + list(dict.fromkeys(rule_notes))
+    if ctx.world_size and not ctx.world_size_stated:
         notes.append(f"no log states the world size: {ctx.world_size} is the highest rank seen + 1, "
                      "a lower bound")
     if res.year_source == "file modification time":

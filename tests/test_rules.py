@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from pathlib import Path
@@ -102,7 +103,10 @@ def run_rule(rule_id: str, logs: dict[str, str], tmp_path: Path):
         p.write_text(text if text.endswith("\n") else text + "\n")
     ctx = Context.build(build_events(tmp_path).events)
     rule = next(r for r in RULES if r.id == rule_id)
-    return engine.run_rule(rule, ctx)[0]
+    rows = copy.deepcopy(ctx.all_rows)
+    found = engine.run_rule(rule, ctx)[0]
+    assert ctx.all_rows == rows, "detectors are pure: a detector changed a row of the Context"
+    return found
 
 
 @pytest.mark.parametrize(("rule_id", "case"), list(_cases()))
@@ -125,6 +129,17 @@ def test_rule_case(rule_id: str, case: dict, tmp_path: Path, monkeypatch):
         assert f.collective.seq == exp["seq"]
     if "fix" in exp:
         assert any(exp["fix"].lower() in fx.title.lower() for fx in f.fixes), [fx.title for fx in f.fixes]
+
+
+def test_the_context_cannot_be_changed():
+    """Detectors share one Context: it is frozen, and its notes field is gone (notes travel in the Hit)."""
+    import dataclasses
+
+    ctx = Context.build(build_events(Path(__file__).resolve().parent.parent / "sample_logs").events)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.stuck = None
+    assert not hasattr(ctx, "notes")
+    assert ctx.world_size == 4 and ctx.world_size_stated
 
 
 def test_evidence_lists_a_line_once():
