@@ -239,9 +239,9 @@ def _cached_anchors(literals: list[str]) -> list[str]:
 def choose_anchors(literals: list[str], noise: list[str]) -> list[str]:
     """Few short substrings such that every literal contains one and no noise line does.
 
-    The block prefilter is one Rust-regex alternation: fast with tens of alternatives, slow with
-    hundreds (measured: ~3 GB/s at 32, ~0.3 GB/s at 128). Greedy set cover keeps the count small;
-    a literal with no noise-free substring stands for itself.
+    The block prefilter is Rust-regex alternations: fast with tens of alternatives, several times
+    slower past ~48-64 (bench/README.md, "Figures the code's comments rest on"). Greedy set cover keeps
+    the count small; a literal with no noise-free substring stands for itself.
     """
     noise_subs: set[str] = set()
     for line in noise:
