@@ -98,7 +98,7 @@ class CappedReader(io.RawIOBase):
     def _step(self, want: int) -> bytes:
         """One step of decompression: b"" at the end. Past damage or a cap, it hands over what was
         decoded before it, reports the end of data once, then raises on the next read, which the
-        consumer makes to confirm the end (events._read_source)."""
+        consumer makes to confirm the end (ingest.formats.read_source)."""
         if self._error is not None:
             if self._read and not self._ended:
                 self._ended = True

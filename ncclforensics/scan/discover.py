@@ -67,9 +67,9 @@ from pathlib import Path
 
 from ncclforensics.atomic import atomic_write
 from ncclforensics.errors import UsageError
-from ncclforensics.events import NOT_LOG_SUFFIXES
 from ncclforensics.ingest import archive
 from ncclforensics.ingest.discover import display_name
+from ncclforensics.ingest.filekinds import NOT_LOG_SUFFIXES
 from ncclforensics.scan.identity import (
     DOC_NAMES,
     Identity,
