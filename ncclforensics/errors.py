@@ -40,13 +40,3 @@ class PatternError(ForensicsError):
 
     exit_code = 4
 
-
-def check_keys(table: object, known: frozenset[str], where: str, error: type[PatternError], section: str = "") -> None:
-    """Raise `error` naming every key of `table` outside `known`: a typo in a pattern file would
-    otherwise pass silently (the key read as absent)."""
-    if not isinstance(table, dict):
-        return
-    unknown = sorted(set(table) - known)
-    if unknown:
-        names = ", ".join(repr(f"{section}.{k}" if section else k) for k in unknown)
-        raise error(f"{where}: unknown key {names} (known: {', '.join(sorted(known))})")

@@ -31,9 +31,10 @@ from pathlib import Path
 import polars as pl
 import regex
 
-from ncclforensics.errors import PatternError, check_keys
+from ncclforensics.errors import PatternError
 from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, json_object
 from ncclforensics.parse.signatures import SIGNATURES_DIR
+from ncclforensics.patternfile import check_keys
 
 _MEANING_TYPES = {c: EVENT_SCHEMA[c] for c in MEANING_COLUMNS}
 # columns a `when` may test directly; any other key is a typed field kept in the `extra` JSON

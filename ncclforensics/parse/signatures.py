@@ -7,15 +7,15 @@ import hashlib
 import json
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import regex
 
 from ncclforensics.atomic import atomic_write
-from ncclforensics.errors import CatalogueError, PatternError, check_keys
+from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import SOURCES
+from ncclforensics.patternfile import read_table
 from ncclforensics.signals import signal_number
 
 
@@ -123,14 +123,7 @@ def _load_one(path: Path, root: Path = SIGNATURES_DIR) -> Signature | None:
     """The line signature a file declares, or None for a kind a block parser emits (`parser = …`)."""
     rel = path.relative_to(root).as_posix()
     where = path.relative_to(root.parent.parent).as_posix()  # patterns/signatures/<source>/<file>
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise SignatureError(f"{where}: {exc}") from None
-    check_keys(data, _KEYS, where, SignatureError)
-    for section, known in (("variants", _VARIANT_KEYS), ("match", _SAMPLE_KEYS)):
-        for entry in data.get(section, []):
-            check_keys(entry, known, where, SignatureError, section)
+    data = read_table(path, where, SignatureError, _KEYS, {"variants": _VARIANT_KEYS, "match": _SAMPLE_KEYS})
     if "parser" in data:
         return None
     for key in ("event", "source", "prefilter", "variants"):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncclforensics.errors import CatalogueError, PatternError, check_keys
+from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import RootCause
 from ncclforensics.parse.signatures import PATTERNS_DIR
+from ncclforensics.patternfile import check_keys, read_table
 
 RULES_DIR = PATTERNS_DIR / "rules"
 CONFIDENCE = {"high": 0.9, "medium": 0.75, "low": 0.55}
@@ -64,16 +64,8 @@ _REPRODUCER_KEYS = frozenset({"template", "mode"})
 def _load(path: Path, root: Path = RULES_DIR) -> Rule:
     rel = path.relative_to(root).as_posix()
     where = path.relative_to(root.parent.parent).as_posix()  # patterns/rules/<class>/<file>: the error's words
-    try:
-        d = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"{where}: {exc}") from None
-    check_keys(d, _KEYS, where, RuleError)
-    for section, known in (("match", _MATCH_KEYS), ("fixes", _FIX_KEYS)):
-        for entry in d.get(section, []):
-            check_keys(entry, known, where, RuleError, section)
-    check_keys(d.get("doc"), frozenset(DOC_SECTIONS), where, RuleError, "doc")
-    check_keys(d.get("reproducer"), _REPRODUCER_KEYS, where, RuleError, "reproducer")
+    d = read_table(path, where, RuleError, _KEYS, {"match": _MATCH_KEYS, "fixes": _FIX_KEYS,
+                                                   "doc": frozenset(DOC_SECTIONS), "reproducer": _REPRODUCER_KEYS})
     for m in d.get("match", []):
         _check_detector(m, where)
     try:
