@@ -1,4 +1,4 @@
-"""One call from a path to a Diagnosis: ingest, align, rules, and the run facts around them."""
+"""One call from a path to a Diagnosis: ingest, align, rules, the run facts around them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The terminal side of the CLI: width, colour, plurals and the progress line on stderr."""
+"""The terminal side of the CLI: width, colour, plurals, the progress line on stderr."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""User-facing errors: each carries one line of text and the CLI exit code it maps to."""
+"""User-facing errors: each one line of text, with the CLI exit code it maps to."""
 
 
 class ForensicsError(Exception):

@@ -1,4 +1,4 @@
-"""Sources -> the one event table of a run (DESIGN.md §2), with rank, host and time filled in.
+"""Sources -> the one event table of a run (DESIGN.md §2): the stages of ingestion, tied together.
 
 build_events ties the stages together: the reader thread (ingest.reader) reads and prefilters the
 sources, this thread scans their lines (parse.lines.LineScanner) and books each file (_Books), and

@@ -1,4 +1,4 @@
-"""The vocabulary shared by every stage: event schema, root causes, findings and the diagnosis."""
+"""The types every stage shares: the event schema, root causes, findings, the diagnosis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The documents `analyze` writes: one enum of formats, each mapped to its formatter and its file name.
+"""The documents `analyze` writes: one enum of formats, each mapped to its formatter with its file name.
 
 The terminal summary (termout.py) is no document: it is what `analyze` prints when no document goes
 to stdout, laid out for the terminal. Adding a format is an entry here, its formatter module and a

@@ -1,4 +1,4 @@
-"""Linux signals by number: the name and the strsignal() text a log may give for each.
+"""Linux signals by number: the name, the strsignal() text a log may give for each.
 
 One table, not the stdlib's `signal` module: logs come from Linux, the analyzer may run elsewhere
 (macOS numbers SIGBUS 10), and `signal.strsignal` words differ by platform. tests/test_words.py checks

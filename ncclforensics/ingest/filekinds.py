@@ -1,4 +1,4 @@
-"""Which files of a run folder are not logs: scripts, configs, documents and data files beside them."""
+"""Which files of a run folder are not logs: scripts, configs, documents, data files beside them."""
 
 from __future__ import annotations
 

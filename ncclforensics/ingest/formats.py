@@ -1,4 +1,4 @@
-"""Read one source by what its bytes are: text chunks and its tail for the scanner, or rows of a document.
+"""Read one source by its format: text becomes prefiltered chunks for the scanner, a document becomes rows.
 
 Runs in the reader thread (ncclforensics.ingest.reader). Text (UTF-8, UTF-16, CR-only, gzip'd) goes
 to the scanner as prefiltered chunks and a tail; a Flight Recorder dump (pickle or JSON) and a

@@ -1,4 +1,4 @@
-"""The reader thread: walks a run's sources and hands their items (ingest.items) to the scanner, in file order.
+"""The reader thread: a run's sources -> items (ingest.items) for the scanner thread, in file order.
 
 It reads and decompresses the sources and runs the block prefilter (polars, which releases the GIL)
 one chunk or file ahead of the scanner thread (events.build_events). It owns the source streams (a

@@ -1,4 +1,4 @@
-"""torchelastic's error.json (FORMATS.md §8.3) -> its error_file row and the events its message names."""
+"""torchelastic's error.json (FORMATS.md §8.3) -> rows: its error_file row, the events its message names."""
 
 from __future__ import annotations
 

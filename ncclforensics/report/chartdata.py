@@ -1,4 +1,4 @@
-"""Analysis -> the frontier chart's view-model: where each rank stood per process group, and its state."""
+"""Analysis -> the frontier chart's view-model: where each rank stood per process group, in which state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Analysis -> the typed view-model the report templates and charts read (never a dataframe)."""
+"""Analysis -> the report's typed view-model, which its templates read (never a dataframe)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Analysis -> the timeline's view-model: key events and Flight Recorder steps per rank or host, stacked."""
+"""Analysis -> the timeline's view-model: key events, Flight Recorder steps, per rank or host, stacked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What every detector reads: the event table with its meanings, the frontier, and facts derived once."""
+"""What every detector reads: the event table with its meanings, the frontier, facts derived once."""
 
 from __future__ import annotations
 

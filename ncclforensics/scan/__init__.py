@@ -1,4 +1,4 @@
-"""Batch scan of archived runs: find runs under a root, analyze each, write a summary and an index.
+"""Batch scan of archived runs: every run under a root analyzed, summed up in a summary table with an index page.
 
 `scan(root, out_dir)` (DESIGN.md §7):
 

@@ -1,4 +1,7 @@
-"""Find the runs under a scan root and the content-hash cache key of each.
+"""Find the runs under a scan root, each with the content-hash cache key of its files.
+
+Above ~400 lines because the rule below is one algorithm whose steps (items bottom-up, the names'
+proposals, splits and joins by identity, the overrides) share one walk of the folder tree.
 
 The default rule (documented for users in the README's `scan` section). Folder names propose what
 a run is; the logs decide (identity.py reads a sample of every log file: torchrun launches and run

@@ -1,4 +1,4 @@
-"""Analyze one run of a scan: the per-run function every engine calls, and its atomic outputs."""
+"""Analyze one run of a scan: the per-run function every engine calls, with its atomic outputs."""
 
 from __future__ import annotations
 

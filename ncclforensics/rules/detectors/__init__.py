@@ -1,4 +1,4 @@
-"""Detectors: pure functions of the rule Context and params, one module per root cause.
+"""Detectors: pure functions of the rule Context (with a rule's params), one module per root cause.
 
 A detector returns zero or more `Hit`s; it never changes the Context (notes travel in the hit).
 Rules (patterns/rules) name detectors by function name through the `DETECTORS` registry, which

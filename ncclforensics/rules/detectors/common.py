@@ -1,4 +1,4 @@
-"""The detector registry, the Hit a detector returns, and helpers several root causes share."""
+"""What detectors share: their registry, the Hit they return, helpers several root causes use."""
 
 from __future__ import annotations
 
