@@ -26,8 +26,6 @@ FRONTIER_SCHEMA = {
 }
 
 
-
-
 @dataclass(frozen=True)
 class Stuck:
     """The collective the healthy ranks hung in, and who stood where."""
@@ -39,10 +37,6 @@ class Stuck:
     source: str  # watchdog | flight_recorder | fingerprint | async_error | traceback | none
     in_it: tuple[int, ...] = ()  # ranks seen waiting in it
     elsewhere: dict[int, str] = field(default_factory=dict)  # rank -> where it was instead
-
-
-def _pg_of(df: pl.DataFrame) -> pl.Expr:
-    return pl.col("pg").fill_null(DEFAULT_PG)
 
 
 def frontier(events: pl.DataFrame) -> pl.DataFrame:

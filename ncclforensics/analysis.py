@@ -1,8 +1,7 @@
-"""One call from a path to a Diagnosis: ingest, align, rules, and the run facts around them."""
+"""One call from a path to a Diagnosis: ingest, align, rules, the run facts around them."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,14 +90,13 @@ def no_input_message(label: str, res: IngestResult) -> str:
 def analyze_events(res: IngestResult) -> Analysis:
     ctx = Context.build(res.events)
     evaluation = engine.evaluate(ctx)
-    ctx.notes.extend(evaluation.notes)
     findings = evaluation.findings
     root = engine.order(findings)
     if root is None:
         root = engine.unknown_finding(ctx)
         findings = [root, *findings]
     findings.sort(key=lambda f: (f.role.value != "root", f.role.value == "cascade", -f.confidence))
-    facts = run_facts(res, ctx)
+    facts = run_facts(res, ctx, evaluation.notes)
     missing = root.doc.get("what_would_settle_it") if root.root_cause is RootCause.UNKNOWN else _missing_logs(ctx)
     diag = Diagnosis(facts=facts, verdict=root, findings=findings, ranks=rank_rows(ctx, root),
                      first_failure=_first_failure(root), missing=missing)
@@ -132,7 +130,7 @@ def _missing_logs(ctx: Context) -> str | None:
     return f"no log lines from ranks {shown}: their logs would confirm or change this verdict"
 
 
-def run_facts(res: IngestResult, ctx: Context) -> RunFacts:
+def run_facts(res: IngestResult, ctx: Context, rule_notes: list[str]) -> RunFacts:
     versions: dict[str, str] = {}
     for r in ctx.rows("nccl_version", "nccl_error", "pg_init"):
         v = extra(r).get("version")
@@ -143,8 +141,8 @@ def run_facts(res: IngestResult, ctx: Context) -> RunFacts:
         x = extra(r)
         if x.get("name"):
             env[str(x["name"])] = str(x.get("value", ""))[:200]
-    notes = list(res.notes) + list(dict.fromkeys(ctx.notes))
-    if ctx.world_size and not getattr(ctx, "world_size_stated", True):
+    notes = list(res.notes) + list(dict.fromkeys(rule_notes))
+    if ctx.world_size and not ctx.world_size_stated:
         notes.append(f"no log states the world size: {ctx.world_size} is the highest rank seen + 1, "
                      "a lower bound")
     if res.year_source == "file modification time":
@@ -192,10 +190,3 @@ def rank_rows(ctx: Context, root: Finding) -> list[dict]:
         })
     return out
 
-
-def events_of_rank(df: pl.DataFrame, rank: int) -> pl.DataFrame:
-    return df.filter(pl.col("rank") == rank)
-
-
-def dumps(obj: object) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=str)

@@ -1,4 +1,7 @@
-"""The typer app: flags -> calls -> exit codes (DESIGN.md §4, README). Data to stdout, people to stderr."""
+"""The typer app: flags -> calls -> exit codes (DESIGN.md §4, README). Data to stdout, people to stderr.
+
+Above ~400 lines because every command declares its flags here, each with the help text users read
+(`--help` is the reference); the work behind each is a call into the module that owns it."""
 
 from __future__ import annotations
 
@@ -85,10 +88,9 @@ def _label(paths: list[str]) -> str:
     return " ".join("standard input" if p == "-" else p for p in paths)
 
 
-MD_CONTEXT_LINES = 3  # lines around each evidence line in --md and report.md, unless -C says otherwise
-
-
 class EventFormat(StrEnum):
+    """`events -f`: each maps to its writer in eventview.WRITERS."""
+
     table = "table"
     csv = "csv"
     parquet = "parquet"
@@ -134,7 +136,6 @@ def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bo
     from ncclforensics import eventview, outpaths
     from ncclforensics.analysis import no_input_message
     from ncclforensics.events import build_events
-    from ncclforensics.jsonout import events_json
 
     if fmt is EventFormat.parquet and output in (None, outpaths.STDOUT):
         raise UsageError("-f parquet writes a binary file: name it with -o FILE")
@@ -150,40 +151,10 @@ def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bo
     df = eventview.ordered(flt.apply(res.events))
     if limit is not None and limit > 0 and fmt is not EventFormat.table:
         df = df.head(limit)
-    if fmt is EventFormat.parquet:
-        outpaths.make_folder(Path(target).parent)
-        try:
-            df.write_parquet(target)
-        except OSError as exc:
-            raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
-    elif fmt is EventFormat.csv:
-        outpaths.write_text(target, df.with_columns(df["source"].cast(str), df["kind"].cast(str)).write_csv())
-    elif fmt is EventFormat.json:
-        outpaths.write_text(target, events_json(df))
-    else:
-        _events_table(df, target, color=color, limit=eventview.TABLE_ROWS if limit is None else limit or None)
+    eventview.WRITERS[fmt.value](df, target, color=color,
+                                 limit=eventview.TABLE_ROWS if limit is None else limit or None)
     if not quiet:
         err(eventview.summary_line(res, df, flt))
-
-
-def _events_table(df, target, *, color: ColorMode, limit: int | None) -> None:
-    import io
-
-    from rich.console import Console
-
-    from ncclforensics import eventview, outpaths
-    from ncclforensics.console import stdout_console, terminal_width
-
-    if target == outpaths.STDOUT:
-        console = stdout_console(color)
-    else:  # a file: plain text, as wide as the table needs
-        console = Console(file=io.StringIO(), width=max(terminal_width(), 200), color_system=None,
-                          highlight=False, markup=False, emoji=False)
-    hidden = eventview.table(df, console, limit=limit)
-    if hidden:
-        console.print(eventview.hidden_note(hidden, df.height, console.width), style="dim", soft_wrap=True)
-    if target != outpaths.STDOUT:
-        outpaths.write_text(target, console.file.getvalue())
 
 
 def _fail_on(value: str | None) -> set[str]:
@@ -232,14 +203,10 @@ def analyze(
 
 def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, out_dir: str | None,
              quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None) -> int:
-    import json
-
     from ncclforensics import outpaths
     from ncclforensics.analysis import analyze_events, note_several_runs
     from ncclforensics.incident import build_context
-    from ncclforensics.jsonout import diagnosis_dict
-    from ncclforensics.mdout import markdown
-    from ncclforensics.report.render import CONTEXT_LINES
+    from ncclforensics.outputs import FORMATS, DocFormat, Inputs, context_lines, render, reproducer
 
     fail = _fail_on(fail_on)
     to_stdout = [name for name, on in (("--json", as_json), ("--md", as_md), ("--html -", html == "-")) if on]
@@ -247,8 +214,21 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         raise UsageError(f"{' and '.join(to_stdout)} all write to stdout: choose one")
     html_target = outpaths.file_target(html, "--html")
     folder = outpaths.folder_target(out_dir, "-o")
+    # the documents asked for: where each goes (a file, stdout, or the -o folder)
+    targets: dict[DocFormat, list] = {f: [] for f in FORMATS}
+    if folder is not None:
+        for f, spec in FORMATS.items():
+            targets[f].append(folder / spec.file_name)
+    if html_target is not None:
+        targets[DocFormat.HTML].append(html_target)
+    if as_json:
+        targets[DocFormat.JSON].append(outpaths.STDOUT)
+    elif as_md:
+        targets[DocFormat.MARKDOWN].append(outpaths.STDOUT)
+    wanted = [f for f, where in targets.items() if where]
     progress = Progress.for_terminal(quiet=quiet)
     several = None
+    docs: dict[DocFormat, str] = {}
     try:
         res = _read_run(paths, progress)
         if len(paths) == 1:
@@ -258,43 +238,35 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         analysis = analyze_events(res)
         analysis.path = paths if len(paths) > 1 else paths[0]
         diag = analysis.diagnosis
-        repro = _reproducer(diag)
-        page = None
+        repro, problem = reproducer(analysis)
+        if problem:
+            err(f"ncclforensics: no reproducer for this verdict ({problem})")
         # the context lines are read back from the files once, as wide as the widest output wants
-        md_lines = MD_CONTEXT_LINES if context is None else context
-        wants_html = html_target is not None or folder is not None
-        wants_md = as_md or folder is not None
+        radius = context_lines(wanted, context)
         incident = None
-        if wants_html or wants_md or context is not None:
+        if radius is not None:
             progress.phase("reading the lines around the evidence")
-            incident = build_context(analysis, radius=max(CONTEXT_LINES if wants_html else 0,
-                                                          md_lines if wants_md else 0, context or 0))
-        if wants_html:
-            from ncclforensics.report.render import render_report
-
-            progress.phase("writing the HTML report")
-            page = render_report(analysis, repro, incident=incident.narrowed(CONTEXT_LINES))
+            incident = build_context(analysis, radius=radius)
+        for f in wanted:
+            if f is DocFormat.HTML:
+                progress.phase("writing the HTML report")
+            docs[f] = render(f, Inputs(analysis, repro, incident), context_arg=context)
     finally:
         progress.close()
     if several and not quiet:
         err(f"ncclforensics: {several}")
     if folder is not None:
         outpaths.make_folder(folder)
-        doc = json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n"
-        outpaths.write_text(folder / "diagnosis.json", doc)
-        outpaths.write_text(folder / "report.md", markdown(diag, repro, context=incident.narrowed(md_lines)))
-        outpaths.write_text(folder / "report.html", page)
-        written = ["report.html", "diagnosis.json", "report.md"]
-        if repro is not None:
-            outpaths.write_text(folder / "repro.py", repro.script)
-            written.append("repro.py")
-    if html_target is not None:
-        outpaths.write_text(html_target, page)
-    if as_json:
-        outpaths.write_text(outpaths.STDOUT, json.dumps(diagnosis_dict(diag, repro), indent=2, default=str) + "\n")
-    elif as_md:
-        outpaths.write_text(outpaths.STDOUT, markdown(diag, repro, context=incident.narrowed(md_lines)))
-    elif html_target != outpaths.STDOUT:
+    written = []
+    for f in wanted:
+        for target in targets[f]:
+            outpaths.write_text(target, docs[f])
+            if folder is not None and target == folder / FORMATS[f].file_name:
+                written.append(FORMATS[f].file_name)
+    if folder is not None and repro is not None:
+        outpaths.write_text(folder / "repro.py", repro.script)
+        written.append("repro.py")
+    if not (as_json or as_md or html_target == outpaths.STDOUT):
         _print_terminal(diag, color, incident.narrowed(context) if context is not None else None)
     if not quiet:
         if folder is not None:
@@ -316,18 +288,6 @@ def _print_terminal(diag, color: ColorMode, context=None) -> None:
     console = stdout_console(color, width)
     for line in terminal(diag, width=width, context=context):
         console.print(line)
-
-
-def _reproducer(diag):
-    if diag.verdict.reproducer is None:
-        return None
-    try:
-        from ncclforensics.repro.render import render_reproducer
-
-        return render_reproducer(diag.verdict, diag.facts)
-    except Exception as exc:
-        err(f"ncclforensics: no reproducer for this verdict ({type(exc).__name__}: {str(exc)[:160]})")
-        return None
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""The terminal side of the CLI: width, colour, plurals and the progress line on stderr."""
+"""The terminal side of the CLI: width, colour, plurals, the progress line on stderr."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class Progress:
 
     def read(self, name: str, nbytes: int) -> None:
         """build_events' progress callback: `nbytes` more of file `name` reached the scanner."""
-        from ncclforensics.report.words import human_bytes
+        from ncclforensics.words import human_bytes
 
         if name != self.name:
             self.files += 1

@@ -1,4 +1,4 @@
-"""The incident context (ncclforensics.incident) as terminal lines (`analyze -C N`) and Markdown blocks (--md)."""
+"""The incident context (ncclforensics.incident) as text: terminal lines (`analyze -C N`), Markdown blocks (--md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""User-facing errors: each carries one line of text and the CLI exit code it maps to."""
+"""User-facing errors: each one line of text, with the CLI exit code it maps to."""
 
 
 class ForensicsError(Exception):
@@ -33,3 +33,10 @@ class CatalogueError(ForensicsError):
 
 class UnsafeInputError(Exception):
     """Raised inside ingest for one source; becomes a Skipped entry, never a crash."""
+
+
+class PatternError(ForensicsError):
+    """A file under patterns/ is malformed (a rule, a signature, a meaning): one line naming the file, exit 4."""
+
+    exit_code = 4
+

@@ -1,10 +1,14 @@
-"""What `ncclforensics events` shows of the event table: filters, row order, the terminal table."""
+"""What `ncclforensics events` shows of the event table: filters, row order, one writer per format."""
 
 from __future__ import annotations
 
 import datetime as dt
+import io
+import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
 from rich import box
@@ -12,9 +16,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ncclforensics.console import plural
+from ncclforensics import outpaths
+from ncclforensics.console import ColorMode, plural, stdout_console, terminal_width
 from ncclforensics.errors import UsageError
 from ncclforensics.model import SOURCES
+from ncclforensics.times import JSON_EVENT, utc_text
 
 TABLE_ROWS = 50  # rows the table shows unless -n says otherwise
 TABLE_COLUMNS = ("time", "where", "host", "rank", "pg", "kind", "seq", "op", "code", "detail")
@@ -189,7 +195,7 @@ def table(df: pl.DataFrame, console: Console, *, limit: int | None) -> int:
     """Print up to `limit` rows (all for None) as a table fitted to the console's width; returns
     how many rows it left out. Columns empty in every shown row are left out; a cell that does not
     fit is cut with a visible `…` (a path at its start, the rest at its end)."""
-    from ncclforensics.termout import cut, cut_left
+    from ncclforensics.words import cut, cut_left
 
     rows = df if limit is None else df.head(limit)
     cols, time_header = _cells(rows)
@@ -229,3 +235,47 @@ def hidden_note(hidden: int, total: int, width: int) -> str:
     return textwrap.fill(f"… {plural(hidden, 'more event')} not shown (of {total:,}): `-n 0` shows every one; "
             "--rank, --kind, --pg, --source, --since/--until and --grep narrow them; -f csv writes every column.",
                          width=width)
+
+
+# -- one writer per `events -f` format -------------------------------------------------------
+def _write_table(df: pl.DataFrame, target, *, color: ColorMode, limit: int | None) -> None:
+    if target == outpaths.STDOUT:
+        console = stdout_console(color)
+    else:  # a file: plain text, as wide as the table needs
+        console = Console(file=io.StringIO(), width=max(terminal_width(), 200), color_system=None,
+                          highlight=False, markup=False, emoji=False)
+    hidden = table(df, console, limit=limit)
+    if hidden:
+        console.print(hidden_note(hidden, df.height, console.width), style="dim", soft_wrap=True)
+    if target != outpaths.STDOUT:
+        outpaths.write_text(target, console.file.getvalue())
+
+
+def _write_csv(df: pl.DataFrame, target, **_) -> None:
+    outpaths.write_text(target, df.with_columns(df["source"].cast(str), df["kind"].cast(str)).write_csv())
+
+
+def _write_parquet(df: pl.DataFrame, target, **_) -> None:
+    outpaths.make_folder(Path(target).parent)
+    try:
+        df.write_parquet(target)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def events_json(df: pl.DataFrame) -> str:
+    """A JSON array, one object per row, keys = the schema's column names."""
+    rows = df.with_columns(pl.col("source").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8)).to_dicts()
+    for r in rows:
+        r["ts"] = utc_text(r["ts"], JSON_EVENT)
+    return json.dumps(rows, ensure_ascii=False, indent=None) + "\n"
+
+
+def _write_json(df: pl.DataFrame, target, **_) -> None:
+    outpaths.write_text(target, events_json(df))
+
+
+# `events -f NAME` -> its writer: (rows, target file or outpaths.STDOUT, color=, limit= table rows)
+WRITERS: dict[str, Callable[..., None]] = {
+    "table": _write_table, "csv": _write_csv, "parquet": _write_parquet, "json": _write_json,
+}

@@ -13,6 +13,7 @@ from ncclforensics.ingest.excerpt import Excerpt, read_lines
 from ncclforensics.model import json_object, rank_ranges
 from ncclforensics.parse.blocks import TRACEBACK_START
 from ncclforensics.rules.context import is_cause_row, is_symptom_row
+from ncclforensics.times import CLOCK, utc_text
 
 MAX_EVIDENCE = 12  # evidence lines given context (the report shows as many)
 TAIL_LINES = 6  # per rank in the merged view
@@ -76,10 +77,6 @@ class IncidentContext:
     tail_ranks: str  # which ranks it shows, in words
     frames: tuple[FrameGroup, ...]
     notes: tuple[str, ...]  # files that could not be read again
-
-    @property
-    def empty(self) -> bool:
-        return not (any(e.lines for e in self.evidence) or self.tail or self.frames)
 
     def narrowed(self, radius: int) -> IncidentContext:
         """The same context with fewer lines around each evidence line (read once, shown several ways)."""
@@ -232,7 +229,7 @@ def _tail(plan: list[_TailSpot], excerpts: dict[str, Excerpt], ev: pl.DataFrame)
             rank = env.rank if env.rank is not None else writers.get(p.file, {}).get(env.outer)
             if p.shared and rank != p.rank:
                 continue
-            ts = env.ts.strftime("%H:%M:%S.%f")[:12] if env.ts is not None else ""
+            ts = utc_text(env.ts, CLOCK) or ""
             mine.append((TailLine(p.rank, p.file, ln.no, ts, ln.text, (p.file, ln.no) in event_lines), env.ts))
         before = [m for m in mine if m[0].no <= p.anchor]
         after = [m for m in mine if m[0].no > p.anchor]

@@ -1,45 +1,10 @@
-"""Machine-readable output: the --json contract (DESIGN.md §4) and the event table as JSON."""
+"""The --json contract (DESIGN.md §4): the diagnosis as the one stable document other tools parse."""
 
 from __future__ import annotations
-
-import json
-from collections import Counter
-
-import polars as pl
 
 from ncclforensics import __version__
 
 SCHEMA_VERSION = 1
-
-
-def _iso(ts) -> str | None:
-    if ts is None:
-        return None
-    return ts.strftime("%Y-%m-%dT%H:%M:%S") + (f".{ts.microsecond:06d}" if ts.microsecond else "") + "Z"
-
-
-def events_json(df: pl.DataFrame) -> str:
-    """A JSON array, one object per row, keys = the schema's column names."""
-    out = df.with_columns(pl.col("source").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8))
-    rows = out.to_dicts()
-    for r in rows:
-        r["ts"] = _iso(r["ts"])
-    return json.dumps(rows, ensure_ascii=False, indent=None) + "\n"
-
-
-def summary_line(res) -> str:
-    df = res.events
-    kinds = Counter(df["kind"].cast(pl.Utf8).to_list()) if not df.is_empty() else Counter()
-    top = ", ".join(f"{k} {n}" for k, n in kinds.most_common(8))
-    ranks = df["rank"].drop_nulls().unique().len() if not df.is_empty() else 0
-    hosts = df["host"].drop_nulls().unique().len() if not df.is_empty() else 0
-    skipped = f", {len(res.skipped)} skipped" if res.skipped else ""
-    return (f"{res.files} files read{skipped}, {res.lines:,} lines, {df.height} events"
-            f" ({top or 'none'}), {ranks} ranks, {hosts} hosts")
-
-
-def tool_version() -> str:
-    return __version__
 
 
 def _evidence(e) -> dict:

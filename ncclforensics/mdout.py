@@ -8,8 +8,7 @@ import textwrap
 from ncclforensics.contextout import code, evidence_block, fence, markdown_lines
 from ncclforensics.incident import IncidentContext
 from ncclforensics.model import Diagnosis, Finding
-from ncclforensics.report.words import culprit_text
-from ncclforensics.textout import collective_words
+from ncclforensics.words import collective_words, culprit_text
 
 MAX_EVIDENCE = 8
 MAX_SKIPPED = 30

@@ -1,4 +1,4 @@
-"""The vocabulary shared by every stage: event schema, root causes, findings and the diagnosis."""
+"""The types every stage shares: the event schema, root causes, findings, the diagnosis."""
 
 from __future__ import annotations
 
@@ -68,16 +68,28 @@ class RootCause(StrEnum):
     UNKNOWN = "unknown"
 
 
-RULE_PREFIX = {
-    RootCause.RANK_DIVERGENCE: "RD",
-    RootCause.CHECKPOINT_SAVE: "CK",
-    RootCause.NETWORK_INIT: "NI",
-    RootCause.DATALOADER_ABORT: "DL",
-    RootCause.GPU_HARDWARE: "HW",
-    RootCause.OOM: "OM",
-    RootCause.RANK_CRASH: "RC",
-    RootCause.NETWORK_RUNTIME: "NR",
-    RootCause.LAUNCH_CONFIG: "LC",
+@dataclass(frozen=True)
+class Cause:
+    """What every output says of one root cause. Its evidence is declared in patterns/signatures
+    (`class` of a meaning), its rules in patterns/rules/<class>/, its detectors in
+    rules/detectors/<class>.py, its reproducer in repro/templates/<class>.py.j2."""
+
+    prefix: str  # of its rule ids: two letters + three digits (DESIGN.md §1); "" for unknown (no rules)
+    plain: str  # what it means, in the words a tired on-call engineer wants first (the report's verdict card)
+    color: str  # its bars, chips and legend in a scan's index page
+
+
+CAUSES: dict[RootCause, Cause] = {
+    RootCause.RANK_DIVERGENCE: Cause("RD", "The ranks took different code paths", "#4e79a7"),
+    RootCause.CHECKPOINT_SAVE: Cause("CK", "A checkpoint save held up the other ranks", "#f28e2b"),
+    RootCause.NETWORK_INIT: Cause("NI", "The ranks could not connect at start-up", "#59a14f"),
+    RootCause.DATALOADER_ABORT: Cause("DL", "A DataLoader worker died", "#b07aa1"),
+    RootCause.GPU_HARDWARE: Cause("HW", "A GPU or its link failed", "#e15759"),
+    RootCause.OOM: Cause("OM", "A process ran out of memory", "#ff9da7"),
+    RootCause.RANK_CRASH: Cause("RC", "A training process crashed", "#9c755f"),
+    RootCause.NETWORK_RUNTIME: Cause("NR", "The network failed during training", "#76b7b2"),
+    RootCause.LAUNCH_CONFIG: Cause("LC", "The launch or environment is misconfigured", "#edc948"),
+    RootCause.UNKNOWN: Cause("", "Not enough evidence for a root cause", "#bab0ac"),
 }
 
 

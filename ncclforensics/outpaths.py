@@ -31,14 +31,12 @@ def _check_parents(path: Path, option: str) -> None:
         raise UsageError(f"{option} {path}: cannot write in {anc} (permission denied)")
 
 
-def file_target(value: str | Path | None, option: str, *, stdout_ok: bool = True) -> Path | str | None:
+def file_target(value: str | Path | None, option: str) -> Path | str | None:
     """The file an option names, STDOUT for `-`, or None when the option was not given."""
     if value is None:
         return None
     text = str(value)
     if text == STDOUT:
-        if not stdout_ok:
-            raise UsageError(f"{option} -: this output cannot go to stdout; name a file")
         return STDOUT
     path = Path(text)
     if path.is_dir() or text.endswith(("/", os.sep)):

@@ -14,8 +14,7 @@ from rich.text import Text
 
 from ncclforensics.console import plural
 from ncclforensics.model import Diagnosis, Finding, RootCause, RunFacts
-from ncclforensics.report.words import culprit_text
-from ncclforensics.textout import collective_words
+from ncclforensics.words import collective_words, culprit_text, cut, cut_left
 
 EVIDENCE_LINES = 5
 FIX_CODE_LINES = 12
@@ -30,17 +29,6 @@ _ENVELOPE = re.compile(r"^(?:\[(?:default|rank)\d+\]: ?|\[[FEWIV]\d{3,4} [\d:.]+
 def evidence_line(text: str) -> str:
     """An evidence line made short for a terminal: prefixes and source paths trimmed."""
     return _SRC_PATH.sub(r"\1", _ENVELOPE.sub("", text.strip()))
-
-
-def cut(text: str, width: int) -> str:
-    """`text` on one line of at most `width` columns, a cut marked with `…`."""
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: max(1, width - 1)].rstrip() + "…"
-
-
-def cut_left(text: str, width: int) -> str:
-    """A path cut at its start (its end, the file and line, tells most)."""
-    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
 
 
 def _wrap(text: str, width: int, style: str = "", *, hang: str = "") -> list[Text]:

@@ -10,6 +10,9 @@ entries; the first entry whose `when` holds for a row gives that row's meaning:
     strength = "decisive"        # causes only: decisive | strong | weak
     phase = "init"               # optional: init | runtime (when the failure happened)
 
+A file may also name its kind's category in the report's timeline (`timeline = "gpu"`; the
+categories are report/timeline.CATEGORIES).
+
 This module is the one place that answers "is this kind a cause of X?": no other module keeps its
 own set of kinds. `annotate` writes each row's meaning into the event table (columns `class`,
 `role`, `strength`, `phase`), so rules read meanings as data.
@@ -28,16 +31,19 @@ from pathlib import Path
 import polars as pl
 import regex
 
+from ncclforensics.errors import PatternError
 from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, json_object
 from ncclforensics.parse.signatures import SIGNATURES_DIR
+from ncclforensics.patternfile import check_keys
 
 _MEANING_TYPES = {c: EVENT_SCHEMA[c] for c in MEANING_COLUMNS}
 # columns a `when` may test directly; any other key is a typed field kept in the `extra` JSON
 _COLUMN_KEYS = frozenset({"code", "detail", "text", "op", "seq", "source", "pg", "rank", "timeout_ms"})
 _PHASES = ("init", "runtime")
+_MEANING_KEYS = frozenset({"when", "class", "role", "strength", "phase"})
 
 
-class VocabularyError(Exception):
+class VocabularyError(PatternError):
     """A signature file declares no meaning or a malformed one, or code names an undeclared kind."""
 
 
@@ -86,6 +92,7 @@ class KindSpec:
     culprit_fields: tuple[str, ...] = ()  # fields holding ranks the text names as the culprits
     duplicate_of: tuple[str, ...] = ()  # dropped where one of these kinds is on the same line (it says the same)
     same_meaning_as: str | None = None  # another kind whose [[meaning]] list this one shares
+    timeline: str | None = None  # its category in the report's timeline (report/timeline.CATEGORIES)
 
     def meaning_of(self, row: dict) -> Meaning:
         """The meaning of one row (a dict of event-table columns)."""
@@ -113,9 +120,7 @@ def _holds(row: dict, extra: dict, key: str, want: object) -> bool:
 
 
 def _parse_meaning(rel: str, entry: dict) -> Meaning:
-    unknown = set(entry) - {"when", "class", "role", "strength", "phase"}
-    if unknown:
-        raise VocabularyError(f"{rel}: unknown meaning key(s) {sorted(unknown)}")
+    check_keys(entry, _MEANING_KEYS, rel, VocabularyError, "meaning")
     try:
         role = EvidenceRole(entry["role"])
     except (KeyError, ValueError):
@@ -177,7 +182,7 @@ def _load_spec(path: Path, root: Path) -> KindSpec:
                     rank_fields=tuple(data.get("rank_fields", ())),
                     culprit_fields=tuple(data.get("culprit_fields", ())),
                     duplicate_of=tuple(data.get("duplicate_of", ())),
-                    same_meaning_as=data.get("same_meaning_as"))
+                    same_meaning_as=data.get("same_meaning_as"), timeline=data.get("timeline"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +207,10 @@ class Vocabulary:
 
     def meaning_of(self, row: dict) -> Meaning:
         return self.spec(row["kind"]).meaning_of(row)
+
+    def kinds_in_timeline(self, category: str) -> frozenset[str]:
+        """Kinds whose signature files put them in this timeline category."""
+        return frozenset(k for k, s in self.specs.items() if s.timeline == category)
 
     @functools.cached_property
     def _naming(self) -> frozenset[str]:

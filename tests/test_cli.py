@@ -14,52 +14,22 @@ import select
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from ncclforensics import __version__
-from ncclforensics.cli import main
+from ncclforensics.cli import EventFormat
 from ncclforensics.console import Progress
+from ncclforensics.eventview import WRITERS
 from ncclforensics.model import Collective, Diagnosis, Evidence, Finding, Fix, RootCause, RunFacts, Skipped
 from ncclforensics.termout import terminal
+from tests.fixtures.cli_run import Ran
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_logs"
 RUN = SAMPLE / "rank0-validation-timeout"
 XID = "[ 912734.602118] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
-
-
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def err_lines(self) -> list[str]:
-        return self.err.strip().splitlines()
-
-    def json(self) -> dict | list:
-        return json.loads(self.out)
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.delenv("FORCE_COLOR", raising=False)
-
-    def run(*args: str, columns: int = 80) -> Ran:
-        monkeypatch.setenv("COLUMNS", str(columns))
-        monkeypatch.setattr(sys, "argv", ["ncclforensics", *args])
-        with pytest.raises(SystemExit) as exit_:
-            main()
-        out, err = capsys.readouterr()
-        code = exit_.value.code
-        return Ran(code if isinstance(code, int) else 0 if code is None else 1, out, err)
-
-    return run
 
 
 def one_line_error(r: Ran, code: int) -> str:
@@ -174,6 +144,14 @@ def test_events_parquet_into_new_folder(cli, tmp_path):
     target = tmp_path / "x" / "ev.parquet"
     assert cli("events", str(RUN), "-f", "parquet", "-o", str(target), "--kind", "gloo_timeout").code == 0
     assert set(pl.read_parquet(target)["kind"].cast(str)) == {"gloo_timeout"}
+
+
+@pytest.mark.parametrize("fmt", list(EventFormat))
+def test_every_events_format_has_its_writer(cli, tmp_path, fmt):
+    assert set(WRITERS) == {f.value for f in EventFormat}
+    target = tmp_path / f"ev.{fmt.value}"
+    r = cli("events", str(RUN), "-f", fmt.value, "-o", str(target), "--kind", "gloo_timeout", "-q")
+    assert r.code == 0 and target.stat().st_size > 0 and r.out == ""
 
 
 # -- terminal width, no silent cut -------------------------------------------------------------

@@ -288,7 +288,7 @@ def test_nccl_lines_are_their_own_writer() -> None:
     ("dmesg/rank3.log", None), ("dmesg/dmesg.txt", None), ("logs/node05.log", None),
 ])
 def test_kernel_log_names_give_the_host(name: str, host: str | None):
-    from ncclforensics.events import path_hints
+    from ncclforensics.ingest.attribution import path_hints
 
     assert path_hints(name).host == host
 
@@ -299,7 +299,7 @@ def test_kernel_log_names_give_the_host(name: str, host: str | None):
     (6, 10, dt.datetime(2025, 6, 10, 3, 0), 2025),
 ])
 def test_yearless_stamps_take_the_nearest_year(month: int, day: int, ref: dt.datetime, year: int):
-    from ncclforensics.events import _nearest_year
     from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+    from ncclforensics.ingest.table import nearest_year
 
-    assert _nearest_year(dt.datetime(UNKNOWN_YEAR, month, day, 12, 0), ref).year == year
+    assert nearest_year(dt.datetime(UNKNOWN_YEAR, month, day, 12, 0), ref).year == year

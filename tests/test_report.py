@@ -19,7 +19,7 @@ import pytest
 from ncclforensics.analysis import analyze_events, analyze_path
 from ncclforensics.events import IngestResult
 from ncclforensics.model import EVENT_SCHEMA
-from ncclforensics.report import bundle, charts, context, timeline, words
+from ncclforensics.report import bundle, charts, context, timeline
 from ncclforensics.report.render import TEMPLATES, environment, render_report
 from ncclforensics.report.richtext import to_html
 from ncclforensics.rules.loader import load_rules
@@ -309,9 +309,3 @@ def test_charts_stay_small_at_2048_ranks():
     assert len(view.frontier.strip) == 2048
     html = render_report(analysis, None, incident=_no_context(analysis))
     assert len(html.encode()) < 1_600_000, f"{len(html.encode()):,} bytes at 2,048 ranks"
-
-
-def test_rank_ranges():
-    assert words.rank_ranges([3, 0, 1, 2, 7, 9, 10]) == "0–3, 7, 9, 10 (7 ranks)"
-    assert words.rank_ranges([5]) == "5"
-    assert words.rank_ranges(list(range(0, 100, 2)), limit=3).endswith("… (50 ranks)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ncclforensics.events import build_events
-from ncclforensics.model import RULE_PREFIX, RootCause
+from ncclforensics.model import CAUSES, RootCause
 from ncclforensics.repro import templates as _templates_pkg  # noqa: F401 - the folder must exist
 from ncclforensics.rules import engine
 from ncclforensics.rules.context import Context
@@ -25,13 +26,22 @@ def test_rules_cover_every_class():
     assert {r.root_cause for r in RULES} == set(RootCause) - {RootCause.UNKNOWN}
 
 
+def test_one_row_per_root_cause():
+    assert set(CAUSES) == set(RootCause)
+    rows = [CAUSES[c] for c in RootCause if c is not RootCause.UNKNOWN]
+    assert all(re.fullmatch(r"[A-Z]{2}", c.prefix) for c in rows)
+    assert len({c.prefix for c in rows}) == len(rows), "prefixes are never shared"
+    assert len({c.color for c in CAUSES.values()}) == len(CAUSES), "each class its own colour"
+    assert all(c.plain and c.plain[0].isupper() and not c.plain.endswith(".") for c in CAUSES.values())
+
+
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.stem)
 def test_rule_file_conventions(path: Path):
     d = tomllib.loads(path.read_text())
     assert path.stem == f"{d['id']}-{d['name']}", "file name must be {id}-{name}"
     assert path.parent.name == d["root_cause"], "folder must be the root cause"
     assert re.fullmatch(r"[A-Z]{2}\d{3}", d["id"])
-    assert d["id"][:2] == RULE_PREFIX[RootCause(d["root_cause"])], "id prefix must match the root cause"
+    assert d["id"][:2] == CAUSES[RootCause(d["root_cause"])].prefix, "id prefix must match the root cause"
     assert re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", d["name"])
     for section in DOC_SECTIONS:
         assert len(d.get("doc", {}).get(section, "")) > 20, f"doc section {section} missing or empty"
@@ -45,6 +55,32 @@ def test_rule_file_conventions(path: Path):
     tmpl = d.get("reproducer", {}).get("template")
     assert tmpl in {c.value for c in RootCause}
     assert (path.parent / f"{path.stem}.cases.toml").exists(), "a rule ships with its cases file"
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.stem)
+def test_every_rule_has_a_firing_and_a_quiet_case(path: Path):
+    """STYLE.md habit 3: a rule ships with at least one case it fires on and one it stays quiet on."""
+    cases = [c for c in tomllib.loads(path.read_text()).values() if isinstance(c, dict)]
+    fires = [c["expect"]["fires"] for c in cases]
+    assert True in fires, "no case where the rule fires"
+    assert False in fires, "no case where the rule stays quiet"
+
+
+CASE_KEYS = {"logs", "expect"}
+EXPECT_KEYS = {"fires", "culprit_ranks", "op_type", "seq", "fix"}  # what test_rule_case checks
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.stem)
+def test_cases_files_have_no_unknown_keys(path: Path):
+    """A typo in `expect` (`culprits = [1]`) would leave the case checking less than it says."""
+    cases = {n: c for n, c in tomllib.loads(path.read_text()).items() if isinstance(c, dict)}
+    for name, case in cases.items():
+        assert set(case) <= CASE_KEYS, f"{name}: unknown key(s) {sorted(set(case) - CASE_KEYS)}"
+        assert set(case["expect"]) <= EXPECT_KEYS, f"{name}: unknown expect key(s) {set(case['expect']) - EXPECT_KEYS}"
+
+
+def test_every_rule_has_its_cases_file():
+    assert {p.name.removesuffix(".cases.toml") for p in CASE_FILES} == {p.stem for p in RULE_FILES}
 
 
 def test_rule_ids_unique():
@@ -67,7 +103,10 @@ def run_rule(rule_id: str, logs: dict[str, str], tmp_path: Path):
         p.write_text(text if text.endswith("\n") else text + "\n")
     ctx = Context.build(build_events(tmp_path).events)
     rule = next(r for r in RULES if r.id == rule_id)
-    return engine.run_rule(rule, ctx)[0]
+    rows = copy.deepcopy(ctx.all_rows)
+    found = engine.run_rule(rule, ctx)[0]
+    assert ctx.all_rows == rows, "detectors are pure: a detector changed a row of the Context"
+    return found
 
 
 @pytest.mark.parametrize(("rule_id", "case"), list(_cases()))
@@ -90,6 +129,17 @@ def test_rule_case(rule_id: str, case: dict, tmp_path: Path, monkeypatch):
         assert f.collective.seq == exp["seq"]
     if "fix" in exp:
         assert any(exp["fix"].lower() in fx.title.lower() for fx in f.fixes), [fx.title for fx in f.fixes]
+
+
+def test_the_context_cannot_be_changed():
+    """Detectors share one Context: it is frozen, and its notes field is gone (notes travel in the Hit)."""
+    import dataclasses
+
+    ctx = Context.build(build_events(Path(__file__).resolve().parent.parent / "sample_logs").events)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.stuck = None
+    assert not hasattr(ctx, "notes")
+    assert ctx.world_size == 4 and ctx.world_size_stated
 
 
 def test_evidence_lists_a_line_once():

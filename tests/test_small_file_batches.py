@@ -1,4 +1,4 @@
-"""Small files read whole share one prefilter query (events._Reader); the event table, skips and
+"""Small files read whole share one prefilter query (ingest.reader.Reader); the event table, skips and
 notes must be exactly what reading them one by one gives, in the same order."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ncclforensics import events
+from ncclforensics.ingest import reader
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 WATCHDOG = ("[rank{r}]:[E1122 07:44:{s:02d}.000000000 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
@@ -34,7 +35,7 @@ def _folder(tmp: Path) -> Path:
 
 
 def _ingest(path: Path, monkeypatch, batch: int):
-    monkeypatch.setattr(events, "BATCH_BYTES", batch)
+    monkeypatch.setattr(reader, "BATCH_BYTES", batch)
     return events.build_events(path)
 
 

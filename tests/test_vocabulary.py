@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ncclforensics.events import build_events
 from ncclforensics.ingest.envelope import ANSI, peel_all
 from ncclforensics.model import EVENT_SCHEMA, RootCause
 from ncclforensics.parse.signatures import SIGNATURES_DIR, load_signatures
+from ncclforensics.report.timeline import BOOKKEEPING, CATEGORIES
 from ncclforensics.vocabulary import EvidenceRole, Strength, VocabularyError, load_vocabulary, vocabulary
 
 VOCAB = vocabulary()
@@ -121,30 +123,68 @@ def test_a_file_without_meaning_is_refused(tmp_path: Path):
 
 
 # -- no module keeps its own kinds ---------------------------------------------------------
-_KIND_CALLS = {"rows", "kind_count", "check"}
+_KIND_CALLS = {"rows", "check"}  # ctx.rows("xid"), vocabulary().check("xid")
+_KIND_HOLDER = re.compile(r"(?:^|_)KINDS?$")  # TIMEOUT_KINDS = ("watchdog_timeout",)
+
+
+def _about_kind(node: ast.AST) -> bool:
+    """An expression holding an event kind: r["kind"], pl.col("kind")…, a variable named kinds."""
+    text = ast.unparse(node)
+    return "['kind']" in text or "col('kind')" in text or (isinstance(node, ast.Name) and node.id == "kinds")
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """String constants of a literal, a tuple/list/set of them, or frozenset({...})/tuple((...))."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for e in node.elts for s in _strings(e)]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set", "tuple"):
+        return [s for a in node.args for s in _strings(a)]
+    return []
 
 
 def _kind_literals() -> list[tuple[str, int, str]]:
-    """String literals the package passes as event kinds: arguments of ctx.rows()/kind_count()/check()
-    and comparisons with a row's "kind"."""
+    """String literals the package uses as event kinds: arguments of ctx.rows()/check(), comparisons
+    with a row's or a column's kind (==, in, is_in, set operations) and constants named *_KINDS."""
     out = []
     root = Path(ncclforensics.__file__).parent
     for path in root.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _KIND_CALLS:
-                for a in node.args:
-                    if isinstance(a, ast.Constant) and isinstance(a.value, str):
-                        out.append((path.name, node.lineno, a.value))
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Subscript):
-                key = node.left.slice
-                if isinstance(key, ast.Constant) and key.value == "kind":
-                    for c in node.comparators:
-                        vals = c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]
-                        for v in vals:
-                            if isinstance(v, ast.Constant) and isinstance(v.value, str):
-                                out.append((path.name, node.lineno, v.value))
+        where = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            found: list[str] = []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in _KIND_CALLS:
+                    found = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                elif node.func.attr == "is_in" and _about_kind(node.func.value):
+                    found = [s for a in node.args for s in _strings(a)]
+            elif isinstance(node, ast.Compare) and _about_kind(node.left):
+                found = [s for c in node.comparators for s in _strings(c)]
+            elif (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.Sub))
+                  and (_about_kind(node.left) or _about_kind(node.right))):
+                found = _strings(node.left) + _strings(node.right)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and _KIND_HOLDER.search(t.id) for t in targets) and node.value:
+                    found = _strings(node.value)
+            out += [(where, node.lineno, k) for k in found]
     return out
+
+
+def test_timeline_categories_are_declared():
+    """`timeline = "…"` names a category of the report's timeline, or bookkeeping (not drawn unless cited)."""
+    named = {s.timeline for s in VOCAB.specs.values() if s.timeline}
+    assert named <= set(CATEGORIES) | {BOOKKEEPING}, named - set(CATEGORIES)
+    assert set(CATEGORIES) <= named, f"categories no kind belongs to: {set(CATEGORIES) - named}"
+
+
+def test_the_kind_finder_finds_what_it_should():
+    """The finder below sees each way the package names kinds (else the test after it checks nothing)."""
+    found = {(f, k) for f, _n, k in _kind_literals()}
+    for where, kind in (("analysis.py", "env_setting"), ("align.py", "fr_entry"), ("align.py", "dump_signal"),
+                        ("report/timeline.py", "gloo_timeout"), ("report/timeline.py", "fr_entry"),
+                        ("rules/detectors/common.py", "agent_signal"), ("scan/worker.py", "xid")):
+        assert (where, kind) in found, (where, kind)
 
 
 def test_every_kind_the_code_names_is_declared():

@@ -143,3 +143,15 @@ class Chained:
         data = self.read(len(b))
         b[: len(data)] = data
         return len(data)
+
+
+def writable_row(row: dict) -> dict:
+    """`row` with lone UTF-16 surrogates (a pickle or a JSON `\\ud800` can carry them) made U+FFFD:
+    a str holding one cannot be written out as UTF-8."""
+    for k, v in row.items():
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                row[k] = v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return row

@@ -11,7 +11,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB012]|\[\d{1,3}(?:;\d{1,3})
 
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
-UNKNOWN_YEAR = 1  # placeholder year for year-less stamps; events.py substitutes the run's year
+UNKNOWN_YEAR = 1  # placeholder year for year-less stamps; ingest.table gives them the run's year
 
 # Each peeler: (name, compiled regex anchored at the start). Order only matters for speed;
 # the loop retries all until none matches (envelopes nest in any order in the wild).

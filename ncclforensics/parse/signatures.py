@@ -7,14 +7,16 @@ import hashlib
 import json
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import regex
 
-from ncclforensics.errors import CatalogueError
-from ncclforensics.model import EVENT_SCHEMA, SOURCES
+from ncclforensics.atomic import atomic_write
+from ncclforensics.errors import CatalogueError, PatternError
+from ncclforensics.model import SOURCES
+from ncclforensics.patternfile import read_table
+from ncclforensics.signals import signal_number
 
 
 def _patterns_dir() -> Path:
@@ -35,25 +37,20 @@ FIELD_TYPES = ("int", "str", "ms", "ranks", "float", "signal")
 MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, never hangs the run
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
 
-SIGNALS = {
-    "SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGILL": 4, "SIGTRAP": 5, "SIGABRT": 6, "SIGBUS": 7,
-    "SIGFPE": 8, "SIGKILL": 9, "SIGUSR1": 10, "SIGSEGV": 11, "SIGUSR2": 12, "SIGPIPE": 13,
-    "SIGALRM": 14, "SIGTERM": 15,
-    # strsignal() texts, as the DataLoader and srun print them
-    "Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "Aborted": 6, "Bus error": 7,
-    "Floating point exception": 8, "Floating-point exception": 8, "Killed": 9,
-    "Segmentation fault": 11, "Terminated": 15,
-}
 
-
-# keys a signature file may have; `meaning` is read by ncclforensics.vocabulary
+# keys a signature file may have; `parser` (a kind a block parser emits), `meaning`, `carrier`, `launcher`,
+# `timeline`, `*_fields`, `duplicate_of` and `same_meaning_as` are read by ncclforensics.vocabulary
 _KEYS = frozenset({"event", "source", "description", "prefilter", "no_match", "fields", "variants", "match",
-                   "set", "weak", "meaning", "carrier", "launcher",
+                   "set", "weak", "meaning", "carrier", "launcher", "timeline",
                    "rank_fields", "culprit_fields", "duplicate_of",
-                   "same_meaning_as"})
+                   "same_meaning_as", "parser"})
+_VARIANT_KEYS = frozenset({"name", "regex"})
+# a `match` sample: one line (`line`), or a block parser's input (`lines`, `json`); its typed `fields`
+# (tests/test_signatures.py) and its row's `meaning` (tests/test_vocabulary.py)
+_SAMPLE_KEYS = frozenset({"line", "lines", "json", "fields", "meaning"})
 
 
-class SignatureError(Exception):
+class SignatureError(PatternError):
     """A signature file is malformed (a bug in patterns/, caught by the tests)."""
 
 
@@ -116,44 +113,36 @@ def convert(kind: str, raw: str) -> object | None:
         if kind == "ranks":
             return [int(x) for x in re.findall(r"\d+", raw)]
         if kind == "signal":
-            if raw.lstrip("-").isdigit():
-                return abs(int(raw))
-            name = raw.split(" (")[0].rstrip(". ")
-            return SIGNALS.get(name) or SIGNALS.get(name.capitalize())
+            return signal_number(raw)
     except (ValueError, OverflowError):
         return None
     return raw
 
 
-def _load_one(path: Path) -> Signature | None:
+def _load_one(path: Path, root: Path = SIGNATURES_DIR) -> Signature | None:
     """The line signature a file declares, or None for a kind a block parser emits (`parser = …`)."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise SignatureError(f"{path}: {exc}") from None
-    rel = path.relative_to(SIGNATURES_DIR).as_posix()
+    rel = path.relative_to(root).as_posix()
+    where = path.relative_to(root.parent.parent).as_posix()  # patterns/signatures/<source>/<file>
+    data = read_table(path, where, SignatureError, _KEYS, {"variants": _VARIANT_KEYS, "match": _SAMPLE_KEYS})
     if "parser" in data:
         return None
-    unknown = set(data) - _KEYS
-    if unknown:
-        raise SignatureError(f"{rel}: unknown key(s) {sorted(unknown)}")
     for key in ("event", "source", "prefilter", "variants"):
         if key not in data:
-            raise SignatureError(f"{rel}: missing key {key!r}")
+            raise SignatureError(f"{where}: missing key {key!r}")
     if data["source"] not in SOURCES:
-        raise SignatureError(f"{rel}: unknown source {data['source']!r}")
+        raise SignatureError(f"{where}: unknown source {data['source']!r}")
     fields = dict(data.get("fields", {}))
     for name, kind in fields.items():
         if kind not in FIELD_TYPES:
-            raise SignatureError(f"{rel}: field {name!r} has unknown type {kind!r}")
+            raise SignatureError(f"{where}: field {name!r} has unknown type {kind!r}")
     variants = []
     for v in data["variants"]:
         if not isinstance(v.get("regex"), str) or not v["regex"]:
-            raise SignatureError(f"{rel}: a variant needs a regex")
+            raise SignatureError(f"{where}: a variant needs a regex")
         variants.append(v["regex"])
     prefilter = tuple(data["prefilter"])
     if not prefilter or any(not p for p in prefilter):
-        raise SignatureError(f"{rel}: prefilter needs non-empty literals")
+        raise SignatureError(f"{where}: prefilter needs non-empty literals")
     return Signature(
         path=rel, event=data["event"], source=data["source"], prefilter=prefilter,
         patterns=tuple(variants), fields=fields, constants=dict(data.get("set", {})),
@@ -234,9 +223,7 @@ def _cached_anchors(literals: list[str]) -> list[str]:
     anchors = choose_anchors(literals, noise)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(anchors))
-        os.replace(tmp, cache)
+        atomic_write(cache, json.dumps(anchors))
     except OSError:
         pass  # a read-only home: compute again next time
     return anchors
@@ -245,9 +232,9 @@ def _cached_anchors(literals: list[str]) -> list[str]:
 def choose_anchors(literals: list[str], noise: list[str]) -> list[str]:
     """Few short substrings such that every literal contains one and no noise line does.
 
-    The block prefilter is one Rust-regex alternation: fast with tens of alternatives, slow with
-    hundreds (measured: ~3 GB/s at 32, ~0.3 GB/s at 128). Greedy set cover keeps the count small;
-    a literal with no noise-free substring stands for itself.
+    The block prefilter is Rust-regex alternations: fast with tens of alternatives, several times
+    slower past ~48-64 (bench/README.md, "Figures the code's comments rest on"). Greedy set cover keeps
+    the count small; a literal with no noise-free substring stands for itself.
     """
     noise_subs: set[str] = set()
     for line in noise:
@@ -272,11 +259,7 @@ def choose_anchors(literals: list[str], noise: list[str]) -> list[str]:
 
 @functools.cache
 def load_signatures(root: Path = SIGNATURES_DIR) -> SignatureSet:
-    sigs = [s for p in sorted(root.rglob("*.toml")) if (s := _load_one(p)) is not None]
+    sigs = [s for p in sorted(root.rglob("*.toml")) if (s := _load_one(p, root)) is not None]
     if not sigs:  # a broken install would otherwise read every log as `unknown`
         raise CatalogueError(f"no signature files under {root}")
     return SignatureSet(sigs)
-
-
-def column_of(name: str) -> bool:
-    return name in EVENT_SCHEMA

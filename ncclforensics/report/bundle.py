@@ -1,4 +1,4 @@
-"""The vendored plotly.js bundle (report/assets, refreshed by tools/refresh_plotly.py) and its trace check."""
+"""The vendored plotly.js bundle (report/assets, refreshed by tools/refresh_plotly.py), checked against its manifest."""
 
 from __future__ import annotations
 

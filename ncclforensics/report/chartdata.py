@@ -1,4 +1,4 @@
-"""Analysis -> the frontier chart's view-model: where each rank stood per process group, and its state."""
+"""Analysis -> the frontier chart's view-model: where each rank stood per process group, in which state."""
 
 from __future__ import annotations
 
@@ -69,7 +69,6 @@ class FrontierView:
     stuck_pg: str | None
     stuck_seq: int | None
     stuck_op: str
-    stuck_source: str
 
 
 def frontier_view(analysis) -> FrontierView:
@@ -101,7 +100,7 @@ def frontier_view(analysis) -> FrontierView:
     s = ctx.stuck
     return FrontierView(
         pgs=tuple(pgs), other_pgs=tuple(other), strip=strip, culprits=tuple(sorted(culprits)),
-        stuck_pg=s.pg, stuck_seq=s.seq, stuck_op=s.op or "", stuck_source=s.source,
+        stuck_pg=s.pg, stuck_seq=s.seq, stuck_op=s.op or "",
     )
 
 

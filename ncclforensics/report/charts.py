@@ -18,32 +18,11 @@ from ncclforensics.report.chartdata import (
     FrontierView,
     RankState,
 )
-from ncclforensics.report.timeline import FR_STEPS, TimelineEvent, TimelineView
-from ncclforensics.report.words import short
+from ncclforensics.report.timeline import CATEGORIES, FR_STEPS, STYLES, Category, TimelineEvent, TimelineView
+from ncclforensics.words import cut
 
 COLORS = STATE_COLORS
-# timeline categories: causes warm, reactions cool, bookkeeping grey (timeline.CATEGORIES)
-CATEGORY_STYLE = {
-    "GPU / CUDA error": ("#b71c1c", "x"),
-    "out of memory": ("#ad1457", "x"),
-    "DataLoader worker": ("#6a1b9a", "x"),
-    "crash / exception": ("#d84315", "x"),
-    "NCCL / network error": ("#e65100", "diamond"),
-    "store / rendezvous": ("#4527a0", "diamond"),
-    "launch / config": ("#827717", "diamond"),
-    "checkpoint save": ("#2e7d32", "square"),
-    "application": ("#00838f", "square"),
-    "training step": ("#90a4ae", "circle"),
-    "collective mismatch": ("#f9a825", "diamond"),
-    "timeout / hang": ("#1565c0", "hourglass"),
-    "peer closed": ("#0277bd", "circle-open"),
-    "Flight Recorder dump": ("#5d4037", "square-open"),
-    "teardown": ("#78909c", "circle-open"),
-    "process exit": ("#455a64", "circle"),
-    "collective enqueued": ("#9e9e9e", "triangle-right-open"),
-    "collective started": ("#66bb6a", "triangle-right"),
-    "collective completed": ("#2e7d32", "line-ns-open"),
-}
+OTHER_STYLE = Category("other", "#8d6e63", "circle")  # a category named after a source
 INK = "#1f2933"
 MUTED = "#607080"
 GRID = "#eceff1"
@@ -263,7 +242,7 @@ def _tl_hover(e: TimelineEvent) -> str:
 
 
 def _lane_label(lane: str, culprit: bool) -> str:
-    text = _e(short(lane, 28))
+    text = _e(cut(lane, 28, fold=False))
     return f'<span style="color:{COLORS["culprit"]}"><b>{text}</b></span>' if culprit else text
 
 
@@ -276,8 +255,9 @@ def timeline_chart(view: TimelineView) -> Chart | None:
         pts = [e for e in view.events if e.category == cat and not e.root]
         if not pts:
             continue
-        color, symbol = CATEGORY_STYLE.get(cat, ("#8d6e63", "circle"))
-        small = cat in FR_STEPS or cat == "training step"
+        style = STYLES.get(cat, OTHER_STYLE)
+        color, symbol = style.color, style.symbol
+        small = cat in FR_STEPS or cat == CATEGORIES["step"].label
         labelled = any(e.label for e in pts)
         fig.add_trace(go.Scatter(
             x=[e.ts for e in pts], y=[e.y for e in pts], mode="markers+text" if labelled else "markers",
@@ -305,7 +285,7 @@ def timeline_chart(view: TimelineView) -> Chart | None:
     fig.update_xaxes(title_text="time (UTC)", gridcolor=GRID,
                      **({"range": list(view.x_range)} if view.x_range else {}))
     _layout(fig, height=170 + 30 * len(view.lanes))
-    longest = max((len(short(x, 28)) for x in view.lanes), default=8)
+    longest = max((len(cut(x, 28, fold=False)) for x in view.lanes), default=8)
     fig.update_layout(margin=dict(l=min(230, 24 + 8 * longest), t=60), hovermode="closest",
                       legend=dict(y=1.0, yanchor="bottom"))
     return _chart(fig, "chart-timeline")

@@ -1,4 +1,4 @@
-"""Analysis -> the typed view-model the report templates and charts read (never a dataframe)."""
+"""Analysis -> the report's typed view-model, which its templates read (never a dataframe)."""
 
 from __future__ import annotations
 
@@ -8,35 +8,14 @@ from dataclasses import dataclass
 from markupsafe import Markup
 
 from ncclforensics.incident import EvidenceContext, FrameGroup, IncidentContext, TailLine
-from ncclforensics.model import Evidence, Finding, RootCause
+from ncclforensics.model import CAUSES, Evidence, Finding, rank_ranges
 from ncclforensics.report.chartdata import STATE_COLORS, STATE_TEXT, STATES, FrontierView, frontier_view
 from ncclforensics.report.richtext import to_html, to_inline_html
 from ncclforensics.report.timeline import TimelineView, timeline_view
-from ncclforensics.report.words import (
-    collective_text,
-    confidence_word,
-    culprit_text,
-    fmt_ts,
-    human_bytes,
-    names,
-    rank_ranges,
-    short,
-)
 from ncclforensics.rules.loader import DOC_SECTIONS, rule_by_id
+from ncclforensics.times import READABLE, utc_text
+from ncclforensics.words import collective_words, confidence_word, culprit_text, cut, human_bytes, names
 
-# What each root cause means, in the words a tired on-call engineer wants first (DESIGN.md §3).
-PLAIN = {
-    RootCause.RANK_DIVERGENCE: "The ranks took different code paths",
-    RootCause.CHECKPOINT_SAVE: "A checkpoint save held up the other ranks",
-    RootCause.NETWORK_INIT: "The ranks could not connect at start-up",
-    RootCause.DATALOADER_ABORT: "A DataLoader worker died",
-    RootCause.GPU_HARDWARE: "A GPU or its link failed",
-    RootCause.OOM: "A process ran out of memory",
-    RootCause.RANK_CRASH: "A training process crashed",
-    RootCause.NETWORK_RUNTIME: "The network failed during training",
-    RootCause.LAUNCH_CONFIG: "The launch or environment is misconfigured",
-    RootCause.UNKNOWN: "Not enough evidence for a root cause",
-}
 DOC_HEADINGS = {
     "what_it_detects": "What the rule saw",
     "why_it_happens": "Why this happens",
@@ -206,7 +185,7 @@ def _evidence(e: Evidence, ctx: EvidenceContext | None = None) -> EvidenceView:
     lines = tuple(ContextLineView(x.no, x.text, x.hit) for x in ctx.lines) if ctx is not None else ()
     return EvidenceView(
         where=f"{e.file}:{e.line}", rank="" if e.rank is None else str(e.rank), host=e.host or "",
-        time=fmt_ts(e.ts), kind=e.kind or "", text=short(e.text, 600), context=lines,
+        time=utc_text(e.ts, READABLE) or "", kind=e.kind or "", text=cut(e.text, 600, fold=False), context=lines,
         context_note=ctx.note if ctx is not None else "",
     )
 
@@ -256,7 +235,7 @@ def _doc(f: Finding, *, shown: str) -> tuple[DocSection, ...]:
 def _finding(f: Finding) -> FindingView:
     return FindingView(
         role=f.role.value, role_text=ROLE_TEXT.get(f.role.value, f.role.value), root_cause=f.root_cause.value,
-        rule=f.rule or "—", title=short(f.title, 240), message=short(f.message, 1200),
+        rule=f.rule or "—", title=cut(f.title, 240, fold=False), message=cut(f.message, 1200, fold=False),
         confidence=f"{f.confidence:.2f}", culprits=culprit_text(f),
         evidence=tuple(_evidence(e) for e in f.evidence[:MAX_EVIDENCE]),
     )
@@ -269,17 +248,17 @@ def _verdict(diag) -> VerdictView:
     if ff is not None:
         who = f", rank {ff.rank}" if ff.rank is not None else ""
         who += f" on {ff.host}" if ff.host else ""
-        first = f"{ff.file}:{ff.line}" + (f" at {fmt_ts(ff.ts)}" if ff.ts else "") + who
+        first = f"{ff.file}:{ff.line}" + (f" at {utc_text(ff.ts, READABLE) or ff.ts}" if ff.ts else "") + who
     if diag.missing:
         change, label = diag.missing, "To be surer"
     else:
         change, label = v.doc.get("known_false_positives", ""), "When this could be wrong"
     return VerdictView(
-        root_cause=v.root_cause.value, plain=PLAIN.get(v.root_cause, v.root_cause.value),
-        title=short(v.title, 240), summary=short(v.message, 1500), rule=v.rule or "",
+        root_cause=v.root_cause.value, plain=CAUSES[v.root_cause].plain,
+        title=cut(v.title, 240, fold=False), summary=cut(v.message, 1500, fold=False), rule=v.rule or "",
         confidence=f"{v.confidence:.2f}", confidence_word=confidence_word(v.confidence),
         culprits=culprit_text(v), has_culprit=bool(v.culprit_ranks or v.culprit_hosts),
-        collective=collective_text(v), first_failure=first,
+        collective=collective_words(v), first_failure=first,
         what_would_change=to_inline_html(change), what_would_change_label=label,
     )
 
@@ -327,7 +306,7 @@ def build_view(analysis, repro=None, *, incident: IncidentContext) -> ReportView
     rv = None
     if repro is not None:
         rv = ReproView(command=repro.command, script=repro.script, world_size=getattr(repro, "world_size", None))
-    title = f"{v.root_cause.value}: {short(v.title, 100)} — {diag.facts.path}"
+    title = f"{v.root_cause.value}: {cut(v.title, 100, fold=False)} — {diag.facts.path}"
     verdict = _verdict(diag)
     frontier = frontier_view(analysis)
     shown = (diag.missing or v.doc.get("known_false_positives", "")).strip()  # the verdict card's caveat

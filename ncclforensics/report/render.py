@@ -13,11 +13,12 @@ import jinja2
 from ncclforensics import __version__
 from ncclforensics.incident import IncidentContext, build_context
 from ncclforensics.jsonout import diagnosis_dict
+from ncclforensics.outputs import HTML_CONTEXT_LINES
 from ncclforensics.report import bundle, charts
 from ncclforensics.report.context import build_view
+from ncclforensics.times import GENERATED_MINUTE, utc_text
 
 TEMPLATES = Path(__file__).parent / "templates"
-CONTEXT_LINES = 10  # lines above and below each evidence line (collapsed in the report)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def environment() -> jinja2.Environment:
 
 
 @functools.cache
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
     """Our own CSS/JS, inlined with |safe by the template (never log data)."""
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
@@ -57,16 +58,16 @@ def render_report(analysis, repro=None, *, generated: datetime | None = None, pl
     """The report as one HTML string. `plotly_src`: a relative URL of a shared plotly.js file (scan
     reports); None inlines the bundle. `incident`: context lines already read (else read here)."""
     if incident is None:
-        incident = build_context(analysis, radius=CONTEXT_LINES)
+        incident = build_context(analysis, radius=HTML_CONTEXT_LINES)
     view = build_view(analysis, repro, incident=incident)
     frontier = charts.frontier_chart(view.frontier)
     timeline = charts.timeline_chart(view.timeline)
     diag_doc = diagnosis_dict(analysis.diagnosis, repro)
-    when = (generated or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    when = utc_text(generated or datetime.now(UTC), GENERATED_MINUTE)
     return environment().get_template("report.html.j2").render(
         v=view,
-        css=_asset("report.css"),
-        js=_asset("report.js"),
+        css=asset("report.css"),
+        js=asset("report.js"),
         # the only |safe values of the template are our own CSS and JS; chart specs go through |tojson
         plotly=plotly_asset(plotly_src) if (frontier or timeline) else None,
         frontier_chart=frontier,

@@ -1,4 +1,4 @@
-"""Rule docs and fix notes (Markdown in patterns/) -> escaped HTML for the report; plain text elsewhere."""
+"""The Markdown of patterns/ (rule docs, fix notes) -> escaped HTML for the report, plain text elsewhere."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Analysis -> the timeline's view-model: key events and Flight Recorder steps per rank or host, stacked."""
+"""Analysis -> the timeline's view-model: key events, Flight Recorder steps, per rank or host, stacked."""
 
 from __future__ import annotations
 
@@ -9,49 +9,59 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from ncclforensics.model import json_object, rank_ranges
-from ncclforensics.report.words import short
 from ncclforensics.rules.context import is_symptom_row
+from ncclforensics.times import PLOTLY, utc_text
+from ncclforensics.vocabulary import vocabulary
+from ncclforensics.words import cut
 
-# Key events: kind -> category (plain words; the marker's colour and the legend). Causes first,
-# reactions last; a kind not listed is named after its source (SOURCE_WORDS), never by its raw name.
-CATEGORIES: dict[str, str] = {}
-for _cat, _kinds in (
-    ("GPU / CUDA error", ("xid", "gpu_lost", "cuda_error", "health_check_failed")),
-    ("out of memory", ("cuda_oom", "cpu_oom", "oom_killer")),
-    ("DataLoader worker", ("worker_killed", "worker_fault", "loader_error")),
-    ("crash / exception", ("segfault", "fatal_signal", "cpp_terminate", "gloo_enforce", "exception",
-                           "error_file", "nccl_error_trace", "fault_stack")),
-    ("NCCL / network error", ("nccl_error", "remote_error", "nccl_warn", "nccl_unhandled", "comm_aborted")),
-    ("store / rendezvous", ("socket_connect_failed", "store_timeout", "store_conn_lost", "rendezvous_error",
-                            "server_bind_failed")),
-    ("launch / config", ("wrong_device",)),
-    ("checkpoint save", ("ckpt_save", "ckpt_saved")),
-    ("application", ("nonfinite_loss", "side_work", "gil_hang")),
-    ("training step", ("step_progress",)),
-    ("collective mismatch", ("fingerprint_mismatch", "desync_report", "monitored_barrier")),
-    ("timeout / hang", ("watchdog_timeout", "gloo_timeout", "watchdog_exception", "heartbeat_hang")),
-    ("peer closed", ("peer_closed",)),
-    ("Flight Recorder dump", ("dump_signal", "fr_dump")),
-    ("teardown", ("teardown", "closing_signal", "agent_signal")),
-    ("process exit", ("child_failed", "worker_failed", "error_file_copy")),
-):
-    for _k in _kinds:
-        CATEGORIES[_k] = _cat
+
+@dataclass(frozen=True)
+class Category:
+    label: str  # plain words: the legend, a lane when lanes are categories
+    color: str  # its markers: causes warm, reactions cool, bookkeeping grey
+    symbol: str  # plotly marker symbol
+
+
+# The key events' categories, causes first, reactions last. A signature file names its kind's category
+# (`timeline = "gpu"`, ncclforensics.vocabulary); a kind with none is named after its source
+# (SOURCE_WORDS), never by its raw name; BOOKKEEPING kinds are not drawn unless cited as evidence.
+CATEGORIES: dict[str, Category] = {
+    "gpu": Category("GPU / CUDA error", "#b71c1c", "x"),
+    "oom": Category("out of memory", "#ad1457", "x"),
+    "dataloader": Category("DataLoader worker", "#6a1b9a", "x"),
+    "crash": Category("crash / exception", "#d84315", "x"),
+    "network": Category("NCCL / network error", "#e65100", "diamond"),
+    "store": Category("store / rendezvous", "#4527a0", "diamond"),
+    "launch": Category("launch / config", "#827717", "diamond"),
+    "checkpoint": Category("checkpoint save", "#2e7d32", "square"),
+    "application": Category("application", "#00838f", "square"),
+    "step": Category("training step", "#90a4ae", "circle"),
+    "mismatch": Category("collective mismatch", "#f9a825", "diamond"),
+    "timeout": Category("timeout / hang", "#1565c0", "hourglass"),
+    "peer_closed": Category("peer closed", "#0277bd", "circle-open"),
+    "fr_dump": Category("Flight Recorder dump", "#5d4037", "square-open"),
+    "teardown": Category("teardown", "#78909c", "circle-open"),
+    "exit": Category("process exit", "#455a64", "circle"),
+}
+# Bookkeeping rows: plentiful and never a failure by themselves (Flight Recorder entries are drawn
+# as their own steps, near the failure only).
+BOOKKEEPING = "bookkeeping"
+# The Flight Recorder's steps of one collective on one rank (FORMATS.md §15.2): created by the
+# caller, started and completed as the watchdog saw them (NCCL; gloo records only the first).
+FR_STEP_CATEGORIES = {
+    "collective enqueued": Category("collective enqueued", "#9e9e9e", "triangle-right-open"),
+    "collective started": Category("collective started", "#66bb6a", "triangle-right"),
+    "collective completed": Category("collective completed", "#2e7d32", "line-ns-open"),
+}
+FR_STEPS = tuple(FR_STEP_CATEGORIES)
+# label -> Category, in legend order
+STYLES: dict[str, Category] = {c.label: c for c in (*CATEGORIES.values(), *FR_STEP_CATEGORIES.values())}
+CATEGORY_ORDER = tuple(STYLES)
 SOURCE_WORDS = {
     "nccl": "NCCL", "c10d": "c10d store", "gloo": "gloo", "torch_detail": "collective check", "torchrun": "torchrun",
     "dataloader": "DataLoader worker", "cuda": "GPU / CUDA error", "python": "crash / exception",
     "kernel": "kernel log", "slurm": "Slurm", "app": "application", "flight_recorder": "Flight Recorder",
 }
-# The Flight Recorder's steps of one collective on one rank (FORMATS.md §15.2): created by the
-# caller, started and completed as the watchdog saw them (NCCL; gloo records only the first).
-FR_STEPS = ("collective enqueued", "collective started", "collective completed")
-CATEGORY_ORDER = tuple(dict.fromkeys([*CATEGORIES.values(), *FR_STEPS]))
-# Bookkeeping rows: plentiful and never a failure by themselves (Flight Recorder entries are drawn
-# as their own steps, near the failure only).
-NOISE_KINDS = frozenset({
-    "fr_entry", "fr_pg", "fr_status", "nccl_init", "nccl_init_start", "nccl_version", "nccl_net", "pg_init",
-    "env_setting", "watchdog_status", "rendezvous_ranks", "spawn_bootstrap", "gpu_uuid",
-})
 TIMEOUT_KINDS = ("watchdog_timeout", "gloo_timeout")
 LAUNCHER_SOURCES = ("torchrun", "slurm")
 MAX_POINTS = 1500
@@ -94,12 +104,14 @@ class TimelineView:
     focused: bool  # x_range is the incident window within a longer span (double-click shows it all)
 
 
-def _iso(ts: datetime) -> str:
-    return ts.strftime("%Y-%m-%d %H:%M:%S.%f")
+def _plotly(ts: datetime) -> str:
+    return utc_text(ts, PLOTLY) or ""
 
 
 def category_of(kind: str, source: str) -> str:
-    return CATEGORIES.get(kind) or SOURCE_WORDS.get(source, "other")
+    spec = vocabulary().specs.get(kind)
+    cat = CATEGORIES.get(spec.timeline) if spec is not None and spec.timeline else None
+    return cat.label if cat is not None else SOURCE_WORDS.get(source, "other")
 
 
 def _fr_steps(ev: pl.DataFrame, per_rank: int) -> list[dict]:
@@ -140,7 +152,8 @@ def _key_rows(ev: pl.DataFrame, diag) -> tuple[list[dict], int, dict | None]:
     cited = pl.DataFrame({"file": [e.file for e in evidence], "line": [e.line for e in evidence]},
                          schema={"file": pl.Utf8, "line": pl.UInt32}).unique()
     is_cited = pl.struct("file", "line").is_in(cited.to_struct().implode())
-    key = ev.filter(~pl.col("kind").is_in(list(NOISE_KINDS)) | is_cited)
+    bookkeeping = vocabulary().kinds_in_timeline(BOOKKEEPING)
+    key = ev.filter(~pl.col("kind").is_in(list(bookkeeping)) | is_cited)
     untimed = key.filter(pl.col("ts").is_null() & (pl.col("kind") != "fr_entry")).height
     root = _root_row(key.filter(is_cited), diag)
     key = key.filter(pl.col("ts").is_not_null() & (pl.col("kind") != "fr_entry"))
@@ -150,7 +163,7 @@ def _key_rows(ev: pl.DataFrame, diag) -> tuple[list[dict], int, dict | None]:
     key = key.sort(["_root", "ts"], descending=[True, False]).unique(
         subset=["kind", "rank", "host", "_sec"], keep="first", maintain_order=True).sort(["ts", "rank"])
     rows = [{**r, "ts": r["ts"].replace(tzinfo=None), "_cat": category_of(r["kind"], r["source"]),
-             "_text": short(r["detail"] or r["text"], 120)} for r in key.iter_rows(named=True)]
+             "_text": cut(r["detail"] or r["text"], 120, fold=False)} for r in key.iter_rows(named=True)]
     return rows, untimed, root
 
 
@@ -316,7 +329,7 @@ def _stack(rows: list[dict], lanes: tuple[str, ...], culprits: set[int], hosts: 
         last[r["_lane"]] = (t if k == 0 else prev_t, k)
         mine = (r["rank"] in culprits) if r["rank"] is not None else (r["host"] in hosts)
         out.append(TimelineEvent(
-            ts=_iso(r["ts"]), lane=r["_lane"], y=pos[r["_lane"]] + STACK_OFFSETS[k % len(STACK_OFFSETS)],
+            ts=_plotly(r["ts"]), lane=r["_lane"], y=pos[r["_lane"]] + STACK_OFFSETS[k % len(STACK_OFFSETS)],
             category=r["_cat"], rank=r["rank"], host=r["host"] or "", where=f"{r['file']}:{r['line']}",
             text=r["_text"], culprit=mine, root=r["_root"], launcher=str(r["source"]) in LAUNCHER_SOURCES,
             label=r.get("_label", "") if group_by == "rank" else "",
@@ -335,7 +348,7 @@ def _focus(events, anchor, first_to, rows) -> dict:
     span = t1 - t0
     if span < timedelta(seconds=4):
         mid = t0 + span / 2
-        return {"x_range": (_iso(mid - timedelta(seconds=3)), _iso(mid + timedelta(seconds=3))), "focused": False}
+        return {"x_range": (_plotly(mid - timedelta(seconds=3)), _plotly(mid + timedelta(seconds=3))), "focused": False}
     starts = [datetime.fromisoformat(e.ts) for e in (anchor, first_to) if e is not None]
     if first_to is not None:
         timeout_ms = max((r.get("timeout_ms") or 0) for r in rows if r["kind"] in TIMEOUT_KINDS)
@@ -346,4 +359,4 @@ def _focus(events, anchor, first_to, rows) -> dict:
     if (t1 - start) * 3 > span:
         return none
     pad = max((t1 - start) * 0.05, timedelta(seconds=1))
-    return {"x_range": (_iso(start - pad), _iso(t1 + pad)), "focused": True}
+    return {"x_range": (_plotly(start - pad), _plotly(t1 + pad)), "focused": True}

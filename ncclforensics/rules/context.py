@@ -1,8 +1,8 @@
-"""What every detector reads: the event table with its meanings, the frontier, and facts derived once."""
+"""What every detector reads: the event table with its meanings, the frontier, facts derived once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import polars as pl
@@ -60,12 +60,14 @@ def culprits_named(row: dict) -> list[int]:
     return sorted({r for r in out if r >= 0})
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
+    """What detectors read: the annotated event table and facts derived from it, each computed once.
+    Frozen: a detector returns what it found (rules.detectors.Hit, its notes included) and changes nothing."""
+
     events: pl.DataFrame
     frontier: pl.DataFrame
     stuck: align.Stuck
-    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, events: pl.DataFrame) -> Context:
@@ -81,10 +83,6 @@ class Context:
         """Rows of these (declared) kinds, in table order."""
         vocabulary().check(*kinds)
         return [r for r in self.all_rows if r["kind"] in kinds]
-
-    def kind_count(self, kind: str) -> int:
-        vocabulary().check(kind)
-        return self.events.filter(pl.col("kind") == kind).height
 
     @cached_property
     def all_rows(self) -> list[dict]:
@@ -129,8 +127,17 @@ class Context:
                 out.update(named_ranks(r))
         return sorted(out)
 
-    @cached_property
+    @property
     def world_size(self) -> int | None:
+        return self._world_size[0]
+
+    @property
+    def world_size_stated(self) -> bool:
+        """Whether a line states the world size; else it is only a lower bound: the highest rank seen + 1."""
+        return self._world_size[1]
+
+    @cached_property
+    def _world_size(self) -> tuple[int | None, bool]:
         cands: list[int] = []
         for r in self.rows("pg_init", "nccl_init", "fr_pg"):
             x = extra(r)
@@ -152,12 +159,11 @@ class Context:
             if r["op"] in ("ALLGATHER", "_ALLGATHER_BASE") and r["pg"] in (None, "0", "default_pg") \
                     and r["numel_in"] and r["numel_out"] and r["numel_out"] % r["numel_in"] == 0:
                 cands.append(r["numel_out"] // r["numel_in"])
-        stated = [c for c in cands if 0 < c <= 1_000_000]
-        self.world_size_stated = bool(stated)  # else only a lower bound: the highest rank seen + 1
+        stated = any(0 < c <= 1_000_000 for c in cands)
         if self.ranks_seen:
             cands.append(max(self.ranks_seen) + 1)
         cands = [c for c in cands if 0 < c <= 1_000_000]
-        return max(cands) if cands else None
+        return (max(cands) if cands else None), stated
 
     @cached_property
     def hosts(self) -> list[str]:

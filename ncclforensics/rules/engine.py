@@ -11,6 +11,7 @@ from ncclforensics.model import Collective, Evidence, Finding, Fix, Role, RootCa
 from ncclforensics.rules.context import Context
 from ncclforensics.rules.detectors import DETECTORS, Hit
 from ncclforensics.rules.loader import Rule, load_rules
+from ncclforensics.times import JSON_SECONDS, utc_text
 
 CASCADE_SLACK = dt.timedelta(seconds=2)
 # a finding explains another (makes it a cascade) only when it is at least this credible relative to it
@@ -31,13 +32,10 @@ def _format(template: str, fields: dict) -> str:
         return template
 
 
-def _iso(ts) -> str | None:
-    return ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts is not None else None
-
-
 def evidence_of(rows: list[dict]) -> list[Evidence]:
     return [Evidence(file=r["file"], line=int(r["line"] or 0), text=r["text"] or "", rank=r["rank"],
-                     host=r["host"], ts=_iso(r["ts"]), kind=r["kind"], role=r.get("role")) for r in rows]
+                     host=r["host"], ts=utc_text(r["ts"], JSON_SECONDS), kind=r["kind"], role=r.get("role"))
+            for r in rows]
 
 
 def _fixes(rule: Rule, hit: Hit) -> list[Fix]:

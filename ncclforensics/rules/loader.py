@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import functools
-import tomllib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncclforensics.errors import CatalogueError
+from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import RootCause
 from ncclforensics.parse.signatures import PATTERNS_DIR
+from ncclforensics.patternfile import check_keys, read_table
 
 RULES_DIR = PATTERNS_DIR / "rules"
 CONFIDENCE = {"high": 0.9, "medium": 0.75, "low": 0.55}
 DOC_SECTIONS = ("what_it_detects", "why_it_happens", "known_false_positives")
 
 
-class RuleError(Exception):
+class RuleError(PatternError):
     """A rule file is malformed (caught by the tests over patterns/rules)."""
 
 
@@ -57,19 +58,16 @@ _KEYS = frozenset({"id", "name", "root_cause", "confidence", "priority", "yields
                    "doc", "fixes", "reproducer", "fallback"})
 _FIX_KEYS = frozenset({"title", "why", "code", "when"})
 _MATCH_KEYS = frozenset({"detector", "params"})
+_REPRODUCER_KEYS = frozenset({"template", "mode"})
 
 
-def _load(path: Path) -> Rule:
-    rel = path.relative_to(RULES_DIR).as_posix()
-    try:
-        d = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"{rel}: {exc}") from None
-    unknown = set(d) - _KEYS
-    unknown |= {f"match.{k}" for m in d.get("match", []) for k in set(m) - _MATCH_KEYS}
-    unknown |= {f"fixes.{k}" for f in d.get("fixes", []) for k in set(f) - _FIX_KEYS}
-    if unknown:
-        raise RuleError(f"{rel}: unknown key(s) {sorted(unknown)}")
+def _load(path: Path, root: Path = RULES_DIR) -> Rule:
+    rel = path.relative_to(root).as_posix()
+    where = path.relative_to(root.parent.parent).as_posix()  # patterns/rules/<class>/<file>: the error's words
+    d = read_table(path, where, RuleError, _KEYS, {"match": _MATCH_KEYS, "fixes": _FIX_KEYS,
+                                                   "doc": frozenset(DOC_SECTIONS), "reproducer": _REPRODUCER_KEYS})
+    for m in d.get("match", []):
+        _check_detector(m, where)
     try:
         rc = RootCause(d["root_cause"])
         conf = d["confidence"]
@@ -85,12 +83,24 @@ def _load(path: Path) -> Rule:
             priority=int(d.get("priority", 50)), fallback=bool(d.get("fallback", False)),
         )
     except (KeyError, ValueError, TypeError) as exc:
-        raise RuleError(f"{rel}: {type(exc).__name__}: {exc}") from None
+        raise RuleError(f"{where}: {type(exc).__name__}: {exc}") from None
+
+
+def _check_detector(match: dict, where: str) -> None:
+    """The detector a `[[match]]` names exists and takes its params (a typo would fail mid-run)."""
+    from ncclforensics.rules.detectors import DETECTORS  # imported on use: `rules list` needs no polars
+
+    name = match.get("detector")
+    if name not in DETECTORS:
+        raise RuleError(f"{where}: unknown detector {name!r}")
+    params = inspect.signature(DETECTORS[name]).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        check_keys(match.get("params", {}), frozenset(list(params)[1:]), where, RuleError, "match.params")
 
 
 @functools.cache
 def load_rules(root: Path = RULES_DIR) -> tuple[Rule, ...]:
-    rules = [_load(p) for p in sorted(root.rglob("*.toml")) if not p.name.endswith(".cases.toml")]
+    rules = [_load(p, root) for p in sorted(root.rglob("*.toml")) if not p.name.endswith(".cases.toml")]
     if not rules:
         raise CatalogueError(f"no rule files under {root}")
     return tuple(sorted(rules, key=lambda r: (r.priority, r.id)))

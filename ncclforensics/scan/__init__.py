@@ -1,4 +1,4 @@
-"""Batch scan of archived runs: find runs under a root, analyze each, write a summary and an index.
+"""Batch scan of archived runs: every run under a root analyzed, summed up in a summary table with an index page.
 
 `scan(root, out_dir)` (DESIGN.md §7):
 
@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncclforensics.atomic import TMP_GLOB
 from ncclforensics.errors import NoInputError, UsageError
 from ncclforensics.ingest.discover import display_name
 from ncclforensics.scan.discover import IdentityCache, RunSpec, find_runs, list_runs, run_files
@@ -45,11 +46,6 @@ class ScanResult:
     summary_csv: Path | None = None
     index_html: Path | None = None
     statuses: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        """Runs analyzed per second (this scan, cache hits excluded)."""
-        return self.analyzed / self.seconds if self.seconds > 0 else 0.0
 
 
 def _cache_hit(doc: dict | None, spec: RunSpec, timeout: float, reports: bool, self_contained: bool) -> bool:
@@ -163,7 +159,7 @@ def scan(root: str | os.PathLike, out_dir: str | os.PathLike, *, jobs: int | Non
     try:
         if cache is not None:
             cache.save()
-        for stale in out.glob(".*.tmp"):  # a summary write cut short by a kill
+        for stale in out.glob(TMP_GLOB):  # a summary write cut short by a kill
             stale.unlink(missing_ok=True)
         result = ScanResult(out_dir=out, runs=len(specs))
         todo = [s for s in specs
@@ -244,7 +240,7 @@ def _no_runs(root: Path, depth: int | None, glob: str | None, ignored: list[tupl
 def list_text(root: Path, *, depth: int | None = None, glob: str | None = None, files_shown: int = 8) -> str:
     """`scan --list`: the runs under ROOT, each with its files, why they were grouped and what their
     logs say (launches, world size, master, time span), then the files that are no run and why."""
-    from ncclforensics.report.words import human_bytes
+    from ncclforensics.words import human_bytes
 
     root = Path(root)
     if not root.exists():

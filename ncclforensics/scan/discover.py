@@ -1,4 +1,7 @@
-"""Find the runs under a scan root and the content-hash cache key of each.
+"""Find the runs under a scan root, each with the content-hash cache key of its files.
+
+Above ~400 lines because the rule below is one algorithm whose steps (items bottom-up, the names'
+proposals, splits and joins by identity, the overrides) share one walk of the folder tree.
 
 The default rule (documented for users in the README's `scan` section). Folder names propose what
 a run is; the logs decide (identity.py reads a sample of every log file: torchrun launches and run
@@ -65,10 +68,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncclforensics.atomic import atomic_write
 from ncclforensics.errors import UsageError
-from ncclforensics.events import NOT_LOG_SUFFIXES
 from ncclforensics.ingest import archive
 from ncclforensics.ingest.discover import display_name
+from ncclforensics.ingest.filekinds import NOT_LOG_SUFFIXES
 from ncclforensics.scan.identity import (
     DOC_NAMES,
     Identity,
@@ -214,12 +218,10 @@ class IdentityCache:
 
     def save(self) -> None:
         """Write the identities of the files seen this time (atomically; a failed write is no error)."""
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({"fingerprint": analyzer_fingerprint(), "files": self.new}), encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps({"fingerprint": analyzer_fingerprint(), "files": self.new}))
         except OSError:
-            tmp.unlink(missing_ok=True)
+            pass
 
 
 @dataclass

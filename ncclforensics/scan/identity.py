@@ -1,5 +1,8 @@
 """Run identity from log content: which files belong to one run, read from a sample of each file.
 
+Above ~400 lines because of the many line shapes listed below, each a pattern with a few lines of
+reading; `conflicts` and `links` compare the fields they fill, so they stay beside them.
+
 `scan` and `analyze` ask this module whether pieces of an archive (files, per-host folders) are one
 run or several (DESIGN.md §7). Each log file gives an `Identity` from its first HEAD_BYTES and last
 TAIL_BYTES only (the head of a compressed log; a Flight Recorder dump is read whole up to

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import polars as pl
+
+from ncclforensics.atomic import replacing
 
 _LIST_I = pl.List(pl.Int64)
 _LIST_S = pl.List(pl.Utf8)
@@ -86,7 +87,6 @@ def csv_frame(df: pl.DataFrame) -> pl.DataFrame:
 def write_tables(df: pl.DataFrame, out_dir: Path) -> tuple[Path, Path]:
     pq, csv = out_dir / "summary.parquet", out_dir / "summary.csv"
     for path, write in ((pq, df.write_parquet), (csv, lambda p: csv_frame(df).write_csv(p))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        write(tmp)
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            write(tmp)
     return pq, csv

@@ -1,40 +1,23 @@
-"""Analyze one run of a scan: the per-run function every engine calls, and its atomic outputs."""
+"""Analyze one run of a scan: the per-run function every engine calls, with its atomic outputs."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 import time
 import traceback
 import warnings
 from pathlib import Path
 
 from ncclforensics import __version__
+from ncclforensics.atomic import TMP_GLOB, atomic_write
+from ncclforensics.outputs import FORMATS, DocFormat
+from ncclforensics.times import SUMMARY, now_text, utc_text
 
 RESULT_SCHEMA = 1
 RESULT = "result.json"
-DIAGNOSIS = "diagnosis.json"
-REPORT = "report.html"
+DIAGNOSIS = FORMATS[DocFormat.JSON].file_name
+REPORT = FORMATS[DocFormat.HTML].file_name
 _TRACEBACK_LIMIT = 20_000
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _iso(ts) -> str | None:
-    """A time as UTC `YYYY-MM-DDTHH:MM:SS.ffffffZ` (the one format the summary parses), or None."""
-    if ts is None:
-        return None
-    if not isinstance(ts, dt.datetime):
-        try:
-            ts = dt.datetime.fromisoformat(str(ts).strip().replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=dt.UTC)
-    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def base_row(spec: dict) -> dict:
@@ -49,7 +32,7 @@ def result_doc(spec: dict, status: str, row: dict, *, error: str | None = None, 
                **extra) -> dict:
     """The result.json document of one run: the cache entry and the source of its summary row."""
     full = {**base_row(spec), **row, "status": status, "error": error, "elapsed_s": round(elapsed, 3),
-            "analyzed_at": now_iso()}
+            "analyzed_at": now_text(SUMMARY)}
     return {"schema": RESULT_SCHEMA, "id": spec["id"], "key": spec["key"], "status": status,
             "reports": bool(spec.get("reports", True)), "self_contained": bool(spec.get("self_contained", False)),
             "row": full, **extra}
@@ -110,24 +93,13 @@ def diagnosis_row(doc: dict, analysis) -> dict:
         "culprit_ranks": list(v.get("culprit_ranks") or []), "culprit_hosts": list(v.get("culprit_hosts") or []),
         "culprit_gpus": _culprit_gpus(events, list(v.get("culprit_ranks") or []), rank_hosts),
         "pg": coll.get("pg"), "op": coll.get("op_type"), "seq": coll.get("seq"),
-        "first_failure": _iso(ff.get("ts")), "first_failure_rank": ff.get("rank"),
-        "last_event": _iso(last),
+        "first_failure": utc_text(ff.get("ts"), SUMMARY), "first_failure_rank": ff.get("rank"),
+        "last_event": utc_text(last, SUMMARY),
         "xids": sorted({f"{x['code']}@{x['host'] or '?'}" for x in xids}),
         "xid_codes": sorted({x["code"] for x in xids if x["code"] is not None}),
         "xid_hosts": sorted({x["host"] for x in xids if x["host"]}),
         "xid_gpus": sorted({f"{x['host']} {x['pci']}" for x in xids if x["host"] and x["pci"]}),
     }
-
-
-def _reproducer(diag):
-    if diag.verdict.reproducer is None:
-        return None
-    try:
-        from ncclforensics.repro.render import render_reproducer
-
-        return render_reproducer(diag.verdict, diag.facts)
-    except Exception:  # no template for this verdict yet, or a renderer bug: the scan goes on
-        return None
 
 
 ASSETS = "assets"  # OUTDIR/assets/: the plotly.js every per-run report of a scan loads
@@ -157,17 +129,12 @@ def write_shared_assets(out_dir: Path) -> None:
 
 
 def _report(analysis, repro, *, self_contained: bool = True) -> tuple[str | None, str | None]:
-    """(html, problem): no html and no problem while the report module does not exist yet."""
+    """(html, None), or (None, why) when the report failed: the run's row still has its verdict."""
+    from ncclforensics.outputs import Inputs, render
+
     try:
-        from ncclforensics.report.render import render_report
-    except ModuleNotFoundError as exc:
-        if exc.name in ("ncclforensics.report", "ncclforensics.report.render"):
-            return None, None
-        return None, f"report unavailable ({exc})"
-    except Exception as exc:
-        return None, f"report unavailable ({type(exc).__name__}: {exc})"
-    try:
-        return render_report(analysis, repro, plotly_src=None if self_contained else shared_plotly_src()), None
+        inputs = Inputs(analysis, repro, None, plotly_src=None if self_contained else shared_plotly_src())
+        return render(DocFormat.HTML, inputs), None
     except Exception as exc:
         return None, f"report failed ({type(exc).__name__}: {str(exc)[:300]})"
 
@@ -179,6 +146,7 @@ def analyze_run(spec: dict, out_dir: str | None) -> dict:
     from ncclforensics.analysis import analyze_path
     from ncclforensics.errors import ForensicsError
     from ncclforensics.jsonout import diagnosis_dict
+    from ncclforensics.outputs import Inputs, render, reproducer
 
     t0 = time.monotonic()
     files: dict[str, str] = {}
@@ -188,11 +156,9 @@ def analyze_run(spec: dict, out_dir: str | None) -> dict:
             members = spec.get("members") or ()  # a run made of some entries of a folder
             analysis = analyze_path([str(Path(spec["path"]) / m) for m in members] if members else spec["path"],
                                     check_runs=bool(spec.get("check_runs")))
-            diag = analysis.diagnosis
-            repro = _reproducer(diag)
-            doc = diagnosis_dict(diag, repro)
-            row = diagnosis_row(doc, analysis)
-            files[DIAGNOSIS] = json.dumps(doc, indent=2, default=str, ensure_ascii=False) + "\n"
+            repro, _problem = reproducer(analysis)  # none, or none for a renderer bug: the scan goes on
+            row = diagnosis_row(diagnosis_dict(analysis.diagnosis, repro), analysis)
+            files[DIAGNOSIS] = render(DocFormat.JSON, Inputs(analysis, repro, None))
             html, problem = (_report(analysis, repro, self_contained=bool(spec.get("self_contained", False)))
                              if spec.get("reports", True) else (None, None))
             if html is not None:
@@ -215,18 +181,11 @@ def analyze_run(spec: dict, out_dir: str | None) -> dict:
     return result
 
 
-def atomic_write(path: Path, data: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def write_run(out_dir: Path, run_id: str, result: dict, files: dict[str, str]) -> None:
     """Write a run's files, then its result.json (the commit point), each by rename."""
     d = out_dir / "runs" / run_id
     d.mkdir(parents=True, exist_ok=True)
-    for stale in d.glob(".*.tmp"):
+    for stale in d.glob(TMP_GLOB):
         stale.unlink(missing_ok=True)
     for name in (DIAGNOSIS, REPORT):
         if name in files:

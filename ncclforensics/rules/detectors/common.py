@@ -1,9 +1,8 @@
-"""The detector registry, the Hit a detector returns, and helpers several root causes share."""
+"""What detectors share: their registry, the Hit they return, helpers several root causes use."""
 
 from __future__ import annotations
 
 import ast
-import signal as _signal
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ import polars as pl
 
 from ncclforensics.model import Collective, rank_ranges
 from ncclforensics.rules.context import Context, extra
+from ncclforensics.signals import SIGINT, SIGTERM, signal_of_exit
 
 
 @dataclass
@@ -93,30 +93,6 @@ def rank_fields(ranks: list[int]) -> dict[str, str]:
             "on_ranks": on_ranks(ranks)}
 
 
-def signal_name(sig: int | None) -> str:
-    """SIGKILL for 9 (the stdlib knows the names); 'a signal' when unknown."""
-    if not sig:
-        return "a signal"
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def signal_of_exit(code: int | None) -> int | None:
-    """The signal behind an exit code: -N (Python), 128+N (shells), 256-N (a launcher's sys.exit(-N))
-    (FORMATS.md §18.1); None for an ordinary exit."""
-    if code is None:
-        return None
-    if code < 0:
-        return -code
-    if 128 < code < 160:
-        return code - 128
-    if 224 < code < 256:
-        return 256 - code
-    return None
-
-
 def aftermath(ctx: Context, culprits: list[int]) -> str:
     """What the logs show the other ranks did next, in one sentence, or '' when they show nothing:
     a narrative claims only what the logs hold."""
@@ -152,7 +128,8 @@ def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[st
     if not own:
         # the one rank the launcher saw exit by itself (not stopped by SIGTERM/SIGINT, no timeout of
         # its own): whatever ended it, the unprefixed failure is its (FORMATS.md §8.2, §18.1)
-        exited = sorted(rk for rk, code in ctx.exit_codes.items() if code and signal_of_exit(code) not in (15, 2))
+        exited = sorted(rk for rk, code in ctx.exit_codes.items()
+                        if code and signal_of_exit(code) not in (SIGTERM, SIGINT))
         if len(exited) == 1:
             return exited, 1.0, [f"a line without a rank prefix was attributed to rank {exited[0]}, the only "
                                  "rank the launcher saw exit by itself"]

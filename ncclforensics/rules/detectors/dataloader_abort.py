@@ -12,11 +12,11 @@ from ncclforensics.rules.detectors.common import (
     earliest_ts,
     peer_symptoms,
     rank_fields,
-    signal_name,
     stuck_collective,
 )
+from ncclforensics.signals import SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, signal_name
 
-_NATIVE_CRASH = frozenset({11, 6, 4, 8})  # SIGSEGV, SIGABRT, SIGILL, SIGFPE
+_NATIVE_CRASH = frozenset({SIGSEGV, SIGABRT, SIGILL, SIGFPE})
 
 
 @detector
@@ -39,7 +39,7 @@ def dataloader_death(ctx: Context) -> list[Hit]:
         signame, mode = "an exit or error", "exit"
     else:
         signame = signal_name(sig)
-        mode = {9: "sigkill", 7: "bus_error"}.get(sig, "exit" if sig in _NATIVE_CRASH else "sigkill")
+        mode = {SIGKILL: "sigkill", SIGBUS: "bus_error"}.get(sig, "exit" if sig in _NATIVE_CRASH else "sigkill")
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + peer_symptoms(ctx, culprits)),
                 fields={"signal": signame, **rank_fields(culprits), "aftermath": aftermath(ctx, culprits)},
                 ts=earliest_ts(rows), collective=stuck_collective(ctx), confidence=conf, notes=notes,

@@ -15,6 +15,7 @@ from ncclforensics.rules.detectors.common import (
     rank_fields,
     stuck_collective,
 )
+from ncclforensics.signals import SIGKILL
 
 # the kernel's and the scheduler's kills: a process vanished, matched to a rank by pid (FORMATS.md §12.3, §13)
 _KILL_KINDS = ("oom_killer", "slurm_oom", "srun_task_exit")
@@ -60,7 +61,7 @@ def _host_kills(ctx: Context) -> list[dict]:
     (pid N) is killed` line, its comm pt_data_worker. Slurm's `Detected N oom_kill event` counts the
     same kills, so it is the loader's too when every kill seen, or the only death, is a worker's."""
     loader_pids = {extra(r).get("worker_pid") for r in ctx.rows("worker_killed")} - {None}
-    loader_sigkill = any(r["code"] == 9 for r in ctx.rows("worker_killed"))
+    loader_sigkill = any(r["code"] == SIGKILL for r in ctx.rows("worker_killed"))
 
     def worker_kill(r: dict) -> bool:
         x = extra(r)

@@ -11,15 +11,14 @@ from ncclforensics.rules.detectors.common import (
     detector,
     peer_symptoms,
     rank_fields,
-    signal_name,
-    signal_of_exit,
     stuck_collective,
     waiting_ranks,
 )
+from ncclforensics.signals import SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, signal_name, signal_of_exit
 from ncclforensics.vocabulary import vocabulary
 
 # signals a process dies of by itself (FORMATS.md §18.1); SIGTERM/SIGINT come from a launcher's teardown
-_OWN_SIGNALS = frozenset({4, 6, 7, 8, 9, 11})
+_OWN_SIGNALS = frozenset({SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGKILL, SIGSEGV})
 
 
 def _is_exit_report(r: dict) -> bool:
@@ -117,7 +116,7 @@ def rank_signal(ctx: Context) -> list[Hit]:
     # ends a rank that timed out with SIGABRT too (§3.7), so this may be a symptom. Its log settles it.
     own = {r["rank"] for r in ctx.all_rows if r["rank"] in codes and not _is_exit_report(r)
            and r["kind"] != "closing_signal"}
-    if sig == 6 and codes and not own and not any(r["rank"] in codes for r in sig_rows):
+    if sig == SIGABRT and codes and not own and not any(r["rank"] in codes for r in sig_rows):
         return [Hit(culprits=[], evidence=[], confidence=0.0, notes=[
             f"rank {rank_ranges(ranks, count=False)} is known to have died of SIGABRT only from the launcher's "
             "exit code; the NCCL watchdog ends a rank that timed out the same way, so this names no culprit. "

@@ -1,0 +1,67 @@
+"""The messages the reader thread hands the scanner thread, one per event of the walk, in file order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncclforensics.ingest.discover import Source
+from ncclforensics.parse.lines import Chunk, FileContext
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A source not read, and why (Skipped in the run's facts)."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A note for the run (how something was read)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRead:
+    """A chunk of a file after the block prefilter; its lines start at `first_line`."""
+
+    ctx: FileContext
+    prep: Chunk
+    first_line: int
+
+    @property
+    def held_bytes(self) -> int:
+        return 2 * len(self.prep.data)  # as bytes and as a polars column
+
+
+@dataclass(frozen=True, slots=True)
+class TailRead:
+    """The end of a file (`data`, its first line's number), where weak signatures always run; `last`
+    is the file's last prepared chunk, whose prefilter result the tail reuses."""
+
+    ctx: FileContext
+    data: bytes
+    first_line: int
+    last: Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEnd:
+    """A source read to its end, or to the error that stopped it (`error`)."""
+
+    src: Source
+    ctx: FileContext
+    nbytes: int
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """An error outside any one file: it ends the walk and is raised again in the scanner thread."""
+
+    error: BaseException
+
+
+Item = Skip | Note | ChunkRead | TailRead | SourceEnd | Fatal

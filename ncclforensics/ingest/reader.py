@@ -1,0 +1,155 @@
+"""The reader thread: a run's sources -> items (ingest.items) for the scanner thread, in file order.
+
+It reads and decompresses the sources and runs the block prefilter (polars, which releases the GIL)
+one chunk or file ahead of the scanner thread (events.build_events). It owns the source streams (a
+tar member's stream is valid only until the next member) and touches a FileContext only before
+handing it over (Flight Recorder dumps, error.json): the scanner thread writes the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from ncclforensics.bounded import BytesQueue
+from ncclforensics.errors import UnsafeInputError
+from ncclforensics.ingest import archive, decode
+from ncclforensics.ingest.attribution import path_hints
+from ncclforensics.ingest.discover import Root, Source, iter_sources
+from ncclforensics.ingest.filekinds import DOC_SUFFIXES, NOT_A_LOG, NOT_LOG_SUFFIXES
+from ncclforensics.ingest.formats import read_source
+from ncclforensics.ingest.items import ChunkRead, Fatal, Item, Note, Skip, SourceEnd, TailRead
+from ncclforensics.parse.lines import FileContext, LineScanner
+
+# Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
+# and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
+# scanner's bursts (it works in batches, LineScanner.flush).
+READ_AHEAD_BYTES = 32 << 20
+# Small files read whole share one prefilter query (a query has a fixed cost: bench/README.md) up to
+# this many bytes.
+BATCH_BYTES = 8 << 20
+
+
+class _Stopped(Exception):
+    """The scanner thread stopped listening."""
+
+
+class _Done:
+    """The end of the walk."""
+
+
+class Reader:
+    """Iterate over it in the scanner thread (inside `with`): the items of every source under `roots`.
+    An exception outside any one file ends the walk and is raised again in the scanner thread."""
+
+    def __init__(self, roots: list[Root], scanner: LineScanner) -> None:
+        self.roots = roots
+        self.scanner = scanner
+        self.queue = BytesQueue(READ_AHEAD_BYTES)  # sized by the prepared chunks' bytes
+        self.pending: list[SourceEnd] = []  # small files read whole, waiting for one shared prefilter query
+        self.pending_data: list[bytes] = []
+        self.pending_bytes = 0
+        self.thread = threading.Thread(target=self._run, name="ncclforensics-reader", daemon=True)
+
+    def __enter__(self) -> Reader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.stop.set()  # the scanner is done (or failed): let the reader leave a blocked put()
+        self.thread.join()
+
+    def __iter__(self) -> Iterator[Item]:
+        while True:
+            item = self.queue.get()
+            if isinstance(item, _Done):
+                return
+            if isinstance(item, Fatal):
+                raise item.error
+            yield item
+
+    def _put(self, item: Item | _Done) -> None:
+        if self.pending:
+            self._prepare_pending()  # the small files read before this item come first
+        self._put_now(item)
+
+    def _defer(self, src: Source, ctx: FileContext, data: bytes, exc: BaseException | None) -> None:
+        self.pending.append(SourceEnd(src, ctx, len(data), exc))
+        self.pending_data.append(data)
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= BATCH_BYTES:
+            self._prepare_pending()
+
+    def _prepare_pending(self) -> None:
+        """One prefilter query for the small files read whole so far, then their items in order."""
+        pending, datas = self.pending, self.pending_data
+        self.pending, self.pending_data, self.pending_bytes = [], [], 0
+        preps = self.scanner.prepare_chunks(datas)
+        for end, data, prep in zip(pending, datas, preps, strict=True):
+            end.ctx.lines = prep.newlines + (1 if data and not data.endswith(b"\n") else 0)
+            self._put_now(ChunkRead(end.ctx, prep, 1))
+            self._put_now(TailRead(end.ctx, data, 1, prep))
+            self._put_now(end)
+
+    def _put_now(self, item: Item | _Done) -> None:
+        if not self.queue.put(item, item.held_bytes if isinstance(item, ChunkRead) else 0):
+            raise _Stopped
+
+    def _run(self) -> None:
+        try:
+            for root in self.roots:
+                self._walk(root)
+            self._put(_Done())
+        except _Stopped:
+            return
+        except BaseException as err:  # re-raised in the scanner thread, which reports it
+            try:
+                self._put_now(Fatal(err))  # not _put: the pending files' query may be what failed
+            except _Stopped:
+                return
+
+    def _walk(self, root: Root) -> None:
+        path = root.path
+        is_dir = path is not None and path.is_dir()
+        walking = is_dir or (path is not None and archive.is_archive(path.name))
+        docs: list[str] = []
+        read_any = False
+        for src in iter_sources(path):
+            src.name = root.prefix + src.name
+            if src.skipped:
+                self._put(Skip(src.name, src.skipped))
+                continue
+            if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
+                if is_dir and src.name.lower().endswith(DOC_SUFFIXES):
+                    docs.append(src.name)  # read only if the folder holds no log at all
+                else:
+                    self._put(Skip(src.name, NOT_A_LOG))
+                continue
+            read_any = self._source(src) or read_any
+        if docs and not read_any:
+            # a folder of pasted output saved as documents (an issue body as issue.md): read them
+            self._put(Note(f"no log files beside {', '.join(docs[:3])}{' …' if len(docs) > 3 else ''}: "
+                           "read as logs"))
+            for name in docs:
+                for src in iter_sources(path / name.removeprefix(root.prefix)):
+                    src.name = name
+                    self._source(src)
+        else:
+            for name in docs:
+                self._put(Skip(name, NOT_A_LOG))
+
+    def _source(self, src: Source) -> bool:
+        """Read one source; whether it held any bytes."""
+        if src.skipped:
+            self._put(Skip(src.name, src.skipped))
+            return False
+        ctx = path_hints(src.name)
+        nbytes, exc = 0, None
+        try:
+            nbytes = read_source(src, ctx, self.scanner, self._put, self._defer)
+        except (UnsafeInputError, decode.BinaryContent, OSError) as err:
+            exc = err
+        if nbytes is None:  # deferred: a small file read whole
+            return True
+        self._put(SourceEnd(src, ctx, nbytes, exc))
+        return nbytes > 0 and exc is None

@@ -1,0 +1,83 @@
+"""The rows of every file -> the run's event table (DESIGN.md §2): years, host names, repeats, ranks, meanings."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+
+from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+from ncclforensics.ingest.ranks import fill_ranks
+from ncclforensics.model import EVENT_SCHEMA
+from ncclforensics.vocabulary import vocabulary
+
+
+def nearest_year(t: dt.datetime, ref: dt.datetime, *, not_after: bool = False) -> dt.datetime | None:
+    """`t` (its year unknown) in the year around `ref` that puts it nearest `ref`; with `not_after`
+    (ref is the files' last write), never later than `ref`: a line cannot be newer than its file."""
+    best = None
+    for year in (ref.year - 1, ref.year, ref.year + 1):
+        try:
+            cand = t.replace(year=year)
+        except ValueError:  # 29 February in a non-leap year
+            continue
+        gap = (cand.replace(tzinfo=None) - ref).total_seconds()
+        if not_after and gap > 86_400:  # a day of slack for time zones: stamps are local, mtimes UTC
+            continue
+        gap = abs(gap)
+        if best is None or gap < best[0]:
+            best = (gap, cand)
+    return best[1] if best else None
+
+
+def event_table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFrame, str]:
+    """The event table of `rows` (one run), and where year-less stamps took their year from."""
+    cols = list(EVENT_SCHEMA) + ["node"]
+    data = {c: [r.get(c) for r in rows] for c in cols}
+    data["run"] = [run] * len(rows)
+    # year-less stamps (c10 header, torch logging, syslog) take the run's year (FORMATS.md §1.9): the
+    # year that puts them nearest the run's dated stamps (or the files' modification time), so a run
+    # across New Year keeps 31 December before 1 January
+    full = sorted(t.replace(tzinfo=None) for t in data["ts"] if t is not None and t.year != UNKNOWN_YEAR)
+    year_source = "log timestamps"
+    if full:
+        ref = full[len(full) // 2]
+    elif mtimes:
+        ref = dt.datetime.fromtimestamp(max(mtimes), dt.UTC).replace(tzinfo=None)
+        year_source = "file modification time"
+    else:
+        ref, year_source = None, "unknown"
+    fixed = []
+    for t in data["ts"]:
+        if t is not None and t.year == UNKNOWN_YEAR:
+            t = nearest_year(t, ref, not_after=year_source == "file modification time") if ref is not None else None
+        fixed.append(t)
+    data["ts"] = fixed
+    schema = dict(EVENT_SCHEMA)
+    schema["ts"] = pl.Datetime("us")
+    schema["node"] = pl.Utf8
+    schema["source"] = pl.Utf8
+    schema["kind"] = pl.Utf8
+    df = pl.DataFrame(data, schema=schema, strict=False)
+    df = df.with_columns(pl.col("ts").dt.replace_time_zone("UTC"))
+    # one host, one name: NCCL prints the name cut at the first dot, torchrun the FQDN (§10.1)
+    df = df.with_columns(
+        pl.when(pl.col("host").str.contains(r"^\d{1,3}(?:\.\d{1,3}){3}$|:|^\."))  # an IP; a redacted `...-48`
+        .then(pl.col("host"))
+        .otherwise(pl.col("host").str.split(".").list.first())
+        .alias("host"))
+    # the same Flight Recorder dump is often kept twice (pickle and JSON): one row per entry
+    fr = pl.col("kind").is_in(["fr_entry", "fr_status", "fr_pg"])
+    # the timeout line is repeated inside `... terminated with exception:` and `what():` (§3.4):
+    # one timeout per (rank, PG, SeqNum, op) and file
+    wd = (pl.col("kind") == "watchdog_timeout") & pl.col("rank").is_not_null()
+    df = pl.concat([df.filter(~fr & ~wd),
+                    df.filter(fr).unique(subset=["kind", "rank", "pg", "seq", "op", "line"], keep="first",
+                                         maintain_order=True),
+                    df.filter(wd).unique(subset=["file", "rank", "pg", "seq", "op"], keep="first",
+                                         maintain_order=True)])
+    df = fill_ranks(df)
+    df = df.sort(["ts", "rank", "file", "line"], nulls_last=True, maintain_order=True)
+    df = vocabulary().annotate(vocabulary().drop_duplicates(df))
+    df = df.with_columns(pl.col("source").cast(EVENT_SCHEMA["source"]), pl.col("kind").cast(pl.Categorical()))
+    return df.select(list(EVENT_SCHEMA)), year_source
