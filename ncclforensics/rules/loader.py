@@ -58,7 +58,9 @@ _KEYS = frozenset({"id", "name", "root_cause", "confidence", "priority", "yields
                    "doc", "fixes", "reproducer", "fallback"})
 _FIX_KEYS = frozenset({"title", "why", "code", "when"})
 _MATCH_KEYS = frozenset({"detector", "params"})
-_REPRODUCER_KEYS = frozenset({"template", "mode"})
+# the section is read and checked in full by ncclforensics.repro.catalog
+_REPRODUCER_KEYS = frozenset({"template", "mode", "script", "none", "variants", "instead", "expect_culprits",
+                              "options", "cases"})
 
 
 def _load(path: Path, root: Path = RULES_DIR) -> Rule:
