@@ -5,14 +5,18 @@ For every RUN (a run folder, or a .tar.gz of one) and every command:
 
   events   ncclforensics events RUN -f csv -o /dev/null
   analyze  ncclforensics analyze RUN --json           (skipped when the command does not exist yet)
-  grep     LC_ALL=C grep -rcE '<lit1|lit2|...>' RUN   (folder)
-           zcat RUN | LC_ALL=C grep -cE '<...>'        (.tar.gz)
+  grep     LC_ALL=C grep -rcE '<pattern>' RUN          (folder)
+           zcat RUN | LC_ALL=C grep -cE '<pattern>'    (.tar.gz)
+  rg       rg -c -e '<pattern>' RUN                    (ripgrep; zcat RUN | rg -c for a .tar.gz)
+  cat      the I/O floor (cat or zcat to /dev/null)
 
-the pattern being the analyzer's own prefilter literals (signature literals + block-start literals),
-escaped for ERE: grep does the same "find candidate lines" work, at C speed, and is the yardstick.
-One warm-up run (also fills the page cache), then --runs timed runs; medians are reported. Peak RSS
-comes from /usr/bin/time (or a small rusage wrapper when it is absent). Also measures start-up:
-`ncclforensics version` and events/analyze on a tiny input (sample_logs/ when it has files).
+The pattern (--grep) is the 12 patterns an on-call engineer types (ISSUE_PATTERN, the yardstick of
+issue 14), or with `--grep literals` the analyzer's own prefilter literals (signature literals +
+block-start literals), escaped for ERE. One warm-up round (also fills the page cache), then --runs
+timed rounds; within a round the commands alternate, so load swings hit them alike; medians are
+reported. Peak RSS comes from /usr/bin/time (or a small rusage wrapper when it is absent). An
+analyze verdict is checked against the run's truth file (class and culprit ranks). Also measures
+start-up: `ncclforensics version` and events/analyze on a tiny input (sample_logs/ when it has files).
 
 Writes a Markdown table to stdout and everything as JSON (--json). See bench/README.md.
 """
@@ -38,6 +42,12 @@ REPO = HERE.parent
 DATA = HERE / "data"
 TIME_BIN = "/usr/bin/time"
 ERE_SPECIAL = re.compile(r"([\\.\[\]()*+?{}|^$])")
+# issue 14: what an on-call engineer greps for (ERE; also valid for rg)
+ISSUE_PATTERN = (r"Watchdog caught|WorkNCCL\(SeqNum=|Detected mismatch between collectives|NVRM: Xid|"
+                 r"ChildFailedError|DataLoader worker \(pid|CUDA out of memory|DistNetworkError|DistStoreError|"
+                 r"NCCL WARN|exitcode|Traceback")
+# the generator's failure -> the verdict class it must get
+TRUTH_CLASS = {"lagging_rank": "rank_divergence", "xid": "gpu_hardware", "oom": "oom"}
 
 _RUSAGE_WRAPPER = r"""
 import resource, subprocess, sys
@@ -170,6 +180,11 @@ def commands(run: Path, exe: str, pattern: str, which: list[str]) -> list[tuple[
                 out.append(("grep", ["sh", "-c", 'zcat -- "$1" | LC_ALL=C grep -cE -e "$2"', "sh", str(run), pattern]))
             else:
                 out.append(("grep", ["grep", "-rcE", "-e", pattern, str(run)]))
+        elif name == "rg":
+            if is_gz:
+                out.append(("rg", ["sh", "-c", 'zcat -- "$1" | rg -c -e "$2"', "sh", str(run), pattern]))
+            else:
+                out.append(("rg", ["rg", "-c", "-e", pattern, str(run)]))
         elif name == "cat":  # the I/O floor
             if is_gz:
                 out.append(("cat", ["sh", "-c", 'zcat -- "$1" > /dev/null', "sh", str(run)]))
@@ -182,33 +197,61 @@ def commands(run: Path, exe: str, pattern: str, which: list[str]) -> list[tuple[
 
 def measure(run: Path, name: str, argv: list[str], nbytes: int, warmup: int, runs: int, env: dict[str, str],
             quiet: bool) -> Measure:
-    m = Measure(run=str(run), command=name, argv=argv, bytes=nbytes)
-    keep = name in ("analyze", "grep")
+    """One command's rounds, back to back (start-up figures)."""
+    return measure_alternated(run, [(name, argv)], nbytes, warmup, runs, env, quiet)[0]
+
+
+def measure_alternated(run: Path, cmds: list[tuple[str, list[str]]], nbytes: int, warmup: int, runs: int,
+                       env: dict[str, str], quiet: bool) -> list[Measure]:
+    """Every command once per round (warm-up rounds first), in turn, so load swings hit them alike."""
+    ms = [Measure(run=str(run), command=name, argv=argv, bytes=nbytes) for name, argv in cmds]
     with tempfile.TemporaryDirectory() as td:
-        out_path = str(Path(td) / "stdout") if keep else None
+        outs = {m.command: (str(Path(td) / m.command) if m.command in ("analyze", "grep", "rg") else None)
+                for m in ms}
         for i in range(warmup + runs):
-            wall, rss, cpu, rc, err = timed(argv, env, out_path)
-            if rc != 0:
-                # analyze is being written: a missing or crashing command is skipped, not a bench failure
-                m.status = "skipped" if name == "analyze" else "failed"
-                why = "command does not exist yet" if _missing_command(rc, err) else (
-                    err.strip().splitlines()[-1] if err.strip() else "")
-                m.note = f"exit {rc}: {why}"[:300]
-                m.runs, m.rss_kb, m.cpu_s = [], [], []
-                break
-            if i >= warmup:
-                m.runs.append(wall)
-                if rss is not None:
-                    m.rss_kb.append(rss)
-                if cpu is not None:
-                    m.cpu_s.append(cpu)
-            if not quiet:
-                tag = "warm-up" if i < warmup else f"run {i - warmup + 1}/{runs}"
-                rss_s = f", {rss / 1024:.0f} MB, cpu {cpu:.2f} s" if rss is not None and cpu is not None else ""
-                print(f"  {name:8s} {tag:9s} {wall:8.2f} s{rss_s}", file=sys.stderr)
-        if m.status == "ok" and out_path and Path(out_path).exists():
-            m.output = _summarize_output(name, Path(out_path))
-    return m
+            for m in ms:
+                if m.status != "ok":
+                    continue
+                wall, rss, cpu, rc, err = timed(m.argv, env, outs[m.command])
+                if rc != 0 and not (m.command in ("grep", "rg") and rc == 1):  # 1: no line matched
+                    # analyze is being written: a missing or crashing command is skipped, not a bench failure
+                    m.status = "skipped" if m.command == "analyze" else "failed"
+                    why = "command does not exist yet" if _missing_command(rc, err) else (
+                        err.strip().splitlines()[-1] if err.strip() else "")
+                    m.note = f"exit {rc}: {why}"[:300]
+                    m.runs, m.rss_kb, m.cpu_s = [], [], []
+                    continue
+                if i >= warmup:
+                    m.runs.append(wall)
+                    if rss is not None:
+                        m.rss_kb.append(rss)
+                    if cpu is not None:
+                        m.cpu_s.append(cpu)
+                if not quiet:
+                    tag = "warm-up" if i < warmup else f"run {i - warmup + 1}/{runs}"
+                    rss_s = f", {rss / 1024:.0f} MB, cpu {cpu:.2f} s" if rss is not None and cpu is not None else ""
+                    print(f"  {m.command:8s} {tag:9s} {wall:8.2f} s{rss_s}", file=sys.stderr)
+        for m in ms:
+            out_path = outs[m.command]
+            if m.status == "ok" and out_path and Path(out_path).exists():
+                m.output = _summarize_output(m.command, Path(out_path))
+                if m.command == "analyze":
+                    m.output["truth"] = check_truth(m.output, truth_of(run))
+    return ms
+
+
+def check_truth(verdict: dict, truth: dict | None) -> str:
+    """"ok", "no truth file", or what differs from the generator's truth (class, culprit ranks)."""
+    if truth is None:
+        return "no truth file"
+    want_class = TRUTH_CLASS.get(truth.get("failure"))
+    want_culprits = [truth.get("culprit_rank")]
+    bad = []
+    if verdict.get("class") != want_class:
+        bad.append(f"class {verdict.get('class')} != {want_class}")
+    if verdict.get("culprit_ranks") != want_culprits:
+        bad.append(f"culprits {verdict.get('culprit_ranks')} != {want_culprits}")
+    return "; ".join(bad) or "ok"
 
 
 def _missing_command(rc: int, err: str) -> bool:
@@ -217,7 +260,7 @@ def _missing_command(rc: int, err: str) -> bool:
 
 def _summarize_output(name: str, path: Path) -> dict | None:
     text = path.read_text(encoding="utf-8", errors="replace")
-    if name == "grep":
+    if name in ("grep", "rg"):
         total = 0
         for line in text.splitlines():
             tail = line.rsplit(":", 1)[-1]
@@ -268,23 +311,28 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def markdown(results: list[Measure], start: list[Measure]) -> str:
-    lines = ["| run | MB | command | median wall s | MB/s | × grep | median CPU s | × grep (CPU) | peak RSS MB | runs "
-             "| note |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| run | MB | command | median wall s | MB/s | × grep | × rg | median CPU s | × grep (CPU) | peak RSS MB "
+             "| runs | note |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     grep_of = {m.run: m.median_s for m in results if m.command == "grep" and m.median_s}
+    rg_of = {m.run: m.median_s for m in results if m.command == "rg" and m.median_s}
     grep_cpu = {m.run: m.median_cpu_s for m in results if m.command == "grep" and m.median_cpu_s}
     for m in results:
         g, gc = grep_of.get(m.run), grep_cpu.get(m.run)
         ratio = m.median_s / g if g and m.median_s else None
+        rg = rg_of.get(m.run)
+        rg_ratio = m.median_s / rg if rg and m.median_s else None
         cratio = m.median_cpu_s / gc if gc and m.median_cpu_s else None
         note = m.note or ""
         if m.output and m.command == "analyze":
-            note = f"verdict {m.output.get('class')} culprits {m.output.get('culprit_ranks')} seq {m.output.get('seq')}"
-        elif m.output and m.command == "grep":
+            note = (f"verdict {m.output.get('class')} culprits {m.output.get('culprit_ranks')} seq "
+                    f"{m.output.get('seq')}: truth {m.output.get('truth')}")
+        elif m.output and m.command in ("grep", "rg"):
             note = f"{m.output.get('matching_lines')} matching lines"
         lines.append(f"| {Path(m.run).name} | {m.bytes / 1e6:.0f} | {m.command} | {fmt(m.median_s, '.2f')} | "
-                     f"{fmt(m.mb_s, '.0f')} | {fmt(ratio, '.1f')} | {fmt(m.median_cpu_s, '.2f')} | "
-                     f"{fmt(cratio, '.1f')} | {fmt(m.peak_rss_mb, '.0f')} | {len(m.runs)} | "
+                     f"{fmt(m.mb_s, '.0f')} | {fmt(ratio, '.2f')} | {fmt(rg_ratio, '.2f')} | "
+                     f"{fmt(m.median_cpu_s, '.2f')} | "
+                     f"{fmt(cratio, '.2f')} | {fmt(m.peak_rss_mb, '.0f')} | {len(m.runs)} | "
                      f"{m.status if m.status != 'ok' else ''} {note} |")
     if start:
         lines += ["", "Start-up (tiny input):", "", "| command | input | median s | peak RSS MB | note |",
@@ -331,8 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See bench/README.md.")
     ap.add_argument("runs_in", nargs="*", metavar="RUN", help="run folders or .tar.gz files")
-    ap.add_argument("--commands", default="events,analyze,grep",
-                    help="comma list of events, analyze, grep, cat (default events,analyze,grep)")
+    ap.add_argument("--matrix", action="store_true",
+                    help="add the 1 GB matrix of bench/matrix.py (generated first where missing)")
+    ap.add_argument("--extra", action="store_true", help="with --matrix: also its 4 GB and 100 MB shapes")
+    ap.add_argument("--commands", default="analyze,grep,rg",
+                    help="comma list of events, analyze, grep, rg, cat (default analyze,grep,rg)")
+    ap.add_argument("--grep", choices=("issue", "literals"), default="issue",
+                    help="the pattern of grep and rg: issue 14's 12 patterns (default) or the prefilter literals")
     ap.add_argument("--runs", type=int, default=3, help="timed runs per command (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up runs per command (default 1)")
     ap.add_argument("--exe", default=None, help="ncclforensics executable (default: the venv's, else PATH)")
@@ -350,7 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     which = [c.strip() for c in args.commands.split(",") if c.strip()]
     env = dict(os.environ)
     lits = prefilter_literals()
-    pattern = "|".join(ere_escape(x) for x in lits)
+    pattern = "|".join(ere_escape(x) for x in lits) if args.grep == "literals" else ISSUE_PATTERN
+    if args.matrix:
+        import matrix
+
+        names = [*matrix.MATRIX, *(matrix.EXTRA if args.extra else ())]
+        matrix.main(names)
+        args.runs_in = [str(p) for n in names for p in matrix.paths(n)] + list(args.runs_in)
 
     load_before = os.getloadavg()
     results: list[Measure] = []
@@ -361,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = run_bytes(run)
         if not args.quiet:
             print(f"{run} ({nbytes / 1e6:.0f} MB)", file=sys.stderr)
-        for name, cmd in commands(run, exe, pattern, which):
-            results.append(measure(run, name, cmd, nbytes, args.warmup, args.runs, env, args.quiet))
+        results += measure_alternated(run, commands(run, exe, pattern, which), nbytes, args.warmup, args.runs,
+                                      env, args.quiet)
 
     start: list[Measure] = []
     if not args.no_startup:
@@ -380,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
         "exe": exe,
-        "grep_pattern_literals": len(lits),
+        "grep_pattern": pattern if args.grep == "issue" else f"<{len(lits)} prefilter literals>",
         "results": [_row(m, results) for m in results],
         "startup": [_row(m, start) for m in start],
         "truth": {str(Path(r)): truth_of(Path(r)) for r in args.runs_in},

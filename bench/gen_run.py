@@ -252,8 +252,16 @@ def bucket_numel(plan: Plan, j: int) -> int:
 
 
 def step_template(plan: Plan, rk: Rank) -> str:
-    """One training step of one rank: `%x` slots for the opCounts (seq - 1)."""
+    """One training step of one rank: `%x` slots for the opCounts (seq - 1); empty without the
+    COLL trace (`--coll off`)."""
+    if plan.args.coll == "off":
+        return ""
     return "".join(coll_line(plan, rk, j) for j in range(plan.args.collectives))
+
+
+def fill(tmpl: str, ops: tuple[int, ...]) -> str:
+    """A step template with its opCounts filled in (nothing without the COLL trace)."""
+    return tmpl % ops if tmpl else ""
 
 
 def progress_line(rank: int, step: int) -> str:
@@ -324,8 +332,9 @@ def header_pieces(plan: Plan, rk: Rank) -> list[tuple]:
                f"(kernels {0.21 * k:.2f}, alloc {0.02 * k:.2f}, bootstrap {1.38 * k:.2f}, allgathers {0.04 * k:.2f}, "
                f"topo {0.23 * k:.2f}, graphs {0.02 * k:.2f}, connections {0.17 * k:.2f}, rest {0.03 * k:.2f})")
     text = "\n".join(out) + "\n"
-    text += coll_line(plan, rk, 0, opcount="0", count=1)
-    text += coll_line(plan, rk, 1, op="Broadcast", opcount="1", count=131072000)
+    if plan.args.coll == "on":
+        text += coll_line(plan, rk, 0, opcount="0", count=1)
+        text += coll_line(plan, rk, 1, op="Broadcast", opcount="1", count=131072000)
     warn = (c10(rk.rank, "W", sec(t, 2.5), 4715) + PG.format(r=rk.rank)
             + f" using GPU {rk.dev} to perform barrier as devices used by this process are currently unknown. "
             "This can potentially cause a hang if this rank to GPU mapping is incorrect. Specify device_ids in "
@@ -403,6 +412,8 @@ def timeout_pieces(plan: Plan, rk: Rank) -> list[tuple]:
 def hang_step_pieces(plan: Plan, rk: Rank) -> list[tuple]:
     """The gradient buckets of the last step, which this rank enqueued (S .. S+C-2)."""
     s = plan.seq_hang
+    if plan.args.coll == "off":
+        return []
     text = "".join(coll_line(plan, rk, j, opcount=f"{s - 1 + j:x}") for j in range(plan.args.collectives - 1))
     return [(sec(plan.t_hang, 0.01), 0, "o", rk, text)]
 
@@ -629,7 +640,7 @@ def all_pieces(plan: Plan) -> list[tuple]:
 # -- writing --------------------------------------------------------------------------------------
 def prefixed(text: str, prefix: str) -> str:
     """Put a launcher prefix (`[default3]:`) before every line of `text`."""
-    if not prefix:
+    if not prefix or not text:
         return text
     if text.endswith("\n"):
         return prefix + text[:-1].replace("\n", "\n" + prefix) + "\n"
@@ -661,7 +672,7 @@ def body_chunks(plan: Plan, rk: Rank, prefix: str):
     buf: list[str] = []
     for s in range(1, plan.n_steps + 1):
         base = PRE_COLLECTIVES + (s - 1) * c  # opCount = seq - 1
-        buf.append(tmpl % tuple(range(base, base + c)))
+        buf.append(fill(tmpl, tuple(range(base, base + c))))
         if prog and s % a.log_every == 0:
             buf.append(prefix + progress_line(rk.rank, s))
         if len(buf) >= 512:
@@ -727,7 +738,7 @@ def write_console(plan: Plan, out: Path, pieces: list[tuple]) -> Writer:
             base = PRE_COLLECTIVES + (s - 1) * c
             ops = tuple(range(base, base + c))
             for rk, tmpl in zip(plan.ranks, tmpls, strict=True):
-                chunk = tmpl % ops
+                chunk = fill(tmpl, ops)
                 buf.append(chunk)
                 size += len(chunk)
                 if s % a.log_every == 0 and (a.progress == "all" or rk.rank == 0):
@@ -765,7 +776,7 @@ def step_bytes(plan: Plan, mid: int) -> int:
     per_step = 0.0
     for rk in plan.ranks:
         prefix = f"[default{rk.lr}]:" if a.layout == "console" else ""
-        per_step += len(prefixed(step_template(plan, rk), prefix) % tuple(range(mid, mid + a.collectives)))
+        per_step += len(fill(prefixed(step_template(plan, rk), prefix), tuple(range(mid, mid + a.collectives))))
         if a.progress == "all" or rk.rank == 0:
             per_step += (len(prefix) + len(progress_line(rk.rank, mid))) / a.log_every
     return int(per_step)
@@ -823,7 +834,8 @@ def generate(args: argparse.Namespace) -> dict:
         "healthy_timeout_ranks": sum(1 for rk in plan.ranks if times_out(plan, rk)),
         "first_timeout_rank": first,
         "hang_time": plan.t_hang.isoformat(), "timeout_ms": args.timeout_ms,
-        "steps": plan.n_steps, "collectives_per_step": args.collectives,
+        "steps": plan.n_steps, "collectives_per_step": args.collectives, "coll": args.coll,
+        "progress": args.progress, "log_every": args.log_every,
         "bytes": writer.bytes, "target_bytes": args.size, "files": len(writer.files),
         "generate_seconds": round(gen_s, 2),
     }
@@ -856,6 +868,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which ranks print `step N loss X` (default rank0)")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps (default 10)")
     p.add_argument("--collectives", type=int, default=24, help="collectives per step (default 24)")
+    p.add_argument("--coll", choices=("on", "off"), default="on",
+                   help="one NCCL INFO line per collective (NCCL_DEBUG_SUBSYS=COLL; default on)")
     p.add_argument("--timeout-ms", type=int, default=600000, help="ProcessGroupNCCL timeout (default 600000)")
     p.add_argument("--min-steps", type=int, default=5, help=argparse.SUPPRESS)
     return p

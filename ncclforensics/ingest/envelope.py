@@ -93,6 +93,19 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     ("lineno", re.compile(r"\[\d{1,9}\] (?=\S)")),
 ]
 
+
+
+def _without_names(pattern: str) -> str:
+    """A peeler's pattern with its named groups made non-capturing (to join them in one alternation)."""
+    return re.sub(r"\(\?P<\w+>", "(?:", pattern)
+
+
+# All peelers in one alternation, in order: at a position, the first alternative that matches is
+# the first peeler that matches (an alternation tries them in turn), so one match call finds it
+# (a line that starts with none of them costs one failed match instead of one per peeler).
+_ANY_PEELER = re.compile("|".join(f"(?P<p{i}>{_without_names(rx.pattern)})" for i, (_, rx) in enumerate(_PEELERS)))
+_PEELER_AT = {f"p{i}": i for i in range(len(_PEELERS))}
+
 # NCCL_DEBUG line head: `gpu-q17:58213:58391 [5] ` before `NCCL INFO|WARN` or `<file>:<line> NCCL WARN`.
 NCCL_HEAD = re.compile(
     r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) (?:\[(?P<dev>\d+)\] )?(?:[\d.]+ )?"
@@ -191,7 +204,9 @@ def peel(line: str) -> Envelope:
         if pos >= n:
             break
         hit = False
-        for name, rx in _PEELERS:
+        first = _ANY_PEELER.match(line, pos)
+        start = len(_PEELERS) if first is None else _PEELER_AT[first.lastgroup]
+        for name, rx in _PEELERS[start:]:
             m = rx.match(line, pos)
             if m is None or m.end() == pos:
                 continue
@@ -339,6 +354,20 @@ def peel_all(line: str) -> list[Envelope]:
             out.append(tail)
             env = tail
     return out
+
+
+# Every envelope (peeler, NCCL head, glued header, colour code) holds one of these characters or
+# starts the line with a level word, `- ` or pytest's `E   `; a CR splits the line (peel_all).
+ENVELOPE_CHARS = r"[\[(:|;/\r\x1b]"
+ENVELOPE_STARTS = r"^(?:E   |- |DEBUG|INFO|WARN|ERROR|CRITICAL|FATAL)"
+_ENVELOPE_HINT = re.compile(f"{ENVELOPE_CHARS}|{ENVELOPE_STARTS}")
+
+
+def plain(line: str) -> bool:
+    """True when `line` can hold no envelope: peel_all gives one envelope that tells nothing (no
+    key, rank, host, time …) and whose body is the whole line. Cheap: for lines that repeat by the
+    thousand (progress lines), to skip peeling those of a writer already known."""
+    return _ENVELOPE_HINT.search(line) is None
 
 
 def _inherit(env: Envelope, before: Envelope) -> None:

@@ -82,7 +82,6 @@ def read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, d
             nbytes += len(data)
             prep = scanner.prepare_chunk(data)
             if last is not None:
-                last.prep.frame = None  # only the last chunk's frame is kept (the tail reuses it)
                 before_last = last.prep.data[-TAIL_CHARS:]
             last = ChunkRead(ctx, prep, line_no)
             put(last)

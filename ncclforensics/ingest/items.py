@@ -33,7 +33,7 @@ class ChunkRead:
 
     @property
     def held_bytes(self) -> int:
-        return 2 * len(self.prep.data)  # as bytes and as a polars column
+        return len(self.prep.data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,16 @@
-"""Turn text chunks into event rows: block prefilter in polars, full signatures on candidate lines."""
+"""Turn text chunks into event rows: a literal prefilter over blocks and lines, full signatures on candidate lines."""
 
 from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import polars as pl
-
-from ncclforensics.ingest.envelope import ANSI, Envelope, peel, peel_all
+from ncclforensics.ingest.envelope import ANSI, ENVELOPE_CHARS, ENVELOPE_STARTS, Envelope, peel, peel_all, plain
 from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, TEXT_LIMIT
 from ncclforensics.parse import blocks
+from ncclforensics.parse.prefilter import LiteralSet
 from ncclforensics.parse.signatures import SignatureSet
 
 BLOCK_SIZE = 64 << 10
@@ -23,14 +21,7 @@ KEEP_PROGRESS = 2  # step_progress rows kept per file and rank (the last ones): 
 TAIL_CHARS = 1 << 20  # a file's last characters, where weak signatures always run
 TAIL_PER_WRITER = 3  # weak-signature lines kept per rank from the tail (its last news)
 TAIL_QUIET = 64  # stop walking back after this many tail hits in a row from known writers
-# Rust regex keeps a literal alternation on its SIMD path (Teddy) up to 64 literals: ~2.5 GB/s a pass
-# at 48 anchors, ~0.6 GB/s at 74 (measured, 1 GB). Groups are evaluated as separate columns, which
-# polars runs on all cores; an any_horizontal over them would run them one after another.
-ANCHOR_GROUP = 48
-WEAK_GROUP = 20  # the weak literals include short words ("nan", "step") that hit often: smaller groups
-SMALL_CHUNK = 256 << 10  # below this, Python substring checks of the anchors beat a polars round trip
-FLUSH_LINES = 1 << 16  # queued lines that start the batched line selection
-FLUSH_BYTES = 16 << 20  # queued chunk data (held by tails) that starts it
+ESC = "\x1b"
 
 
 @dataclass
@@ -51,14 +42,15 @@ class FileContext:
 
 @dataclass
 class Chunk:
-    """A byte chunk after the block prefilter: hits are (block index, newlines before that block)."""
+    """A byte chunk after the block prefilter: `hits` are (block index, newlines before that block);
+    `newlines` counts the chunk's newlines and `tail_at` = (block index, newlines before it) of the
+    first block reaching into the chunk's last TAIL_CHARS bytes."""
 
     data: bytes
     spans: list[tuple[int, int]]
-    frame: pl.DataFrame | None
     hits: list[tuple[int, int]]
     newlines: int
-    counts: list[int] | None = None  # newlines per block, when the prefilter counted them
+    tail_at: tuple[int, int] = (0, 0)
 
 
 class _Lines(list):
@@ -86,255 +78,178 @@ class _Lines(list):
         return i < len(self)
 
 
-@dataclass
-class _BlockWork:
-    """A hit block's lines (running on past its end) waiting for the line selection."""
-
-    ctx: FileContext
-    lines: _Lines
-    n_own: int  # lines that belong to the block; selection looks at these only
-    line0: int  # line number of lines[0]
-
-
-@dataclass
-class _TailWork:
-    """A file's end waiting for the weak-literal check: its blocks from the one that reaches into
-    the last TAIL_CHARS on (`frame` holds them as a polars column until the flush)."""
-
-    ctx: FileContext
-    data: bytes  # the chunk the blocks are in
-    spans: list[tuple[int, int]]  # the blocks, in data
-    first_line: int  # line number of the first block's first line
-    frame: pl.DataFrame | None
-    counts: list[int] | None  # newlines per block, when known
-    lines: list[str] = field(default_factory=list)
-    line_at: list[int] = field(default_factory=list)
-
-
 def _column_value(name: str, value: object) -> bool:
     return name in EVENT_SCHEMA and name not in ("file", "line", "text", "source", "kind", "run", "extra",
                                                  *MEANING_COLUMNS)
 
 
 class LineScanner:
-    """Scans chunks of one file; rows accumulate in the FileContext."""
+    """Scans chunks of one file; rows accumulate in the FileContext.
+
+    Three literal searches (parse/prefilter.py, Hyperscan) keep Python off the lines that repeat by
+    the million (NCCL_DEBUG noise, a progress line per step): `blocks` finds the ~64 KiB blocks
+    holding an anchor (every strong literal contains one) or a colour code; `lines` selects, in a
+    hit block, the lines holding an anchor, a colour code or a weak literal; `weak` finds the
+    blocks of a file's end holding a weak literal, walked back from the end only as far as needed.
+    """
 
     def __init__(self, sigset: SignatureSet) -> None:
         self.sigset = sigset
         self.literals = list(sigset.literals) + list(blocks.BLOCK_LITERALS)
         self.block_literals = list(sigset.strong_literals) + list(blocks.BLOCK_LITERALS)
         anchors = list(sigset.anchors) + [a for a in blocks.BLOCK_LITERALS if a not in sigset.anchors]
-        # Rust regex alternations stay on their fast literal path up to ~16-24 alternatives
-        # (measured: 16 -> ~2 GB/s, 64 -> ~0.7 GB/s, 128 -> ~0.3 GB/s): several small ones, OR-ed.
-        self.anchor_bytes = [a.encode() for a in anchors] + [b"\x1b"]
         self.weak_literals = sorted({lit for sig in sigset.weak_signatures for lit in sig.prefilter})
-        # Line selection inside a hit block: the same anchors (a superset of the literals' lines,
-        # which candidates() checks exactly), the weak literals, and colour codes. Regex alternations
-        # run several times faster than polars' contains_any (Aho-Corasick) over the same literals.
-        self.weak_exprs = _literal_groups(self.weak_literals, WEAK_GROUP)
-        self.block_exprs = _literal_groups(anchors, ANCHOR_GROUP)
-        self._pending: list = []
-        self._pending_lines = 0
-        self._pending_bytes = 0
+        # literals only progress signatures use: a line holding these and no other literal can only be
+        # a progress line, and only each writer's last ones count (_scan_progress)
+        progress = [lit for lit in self.weak_literals
+                    if all(sig.event == "step_progress" for sig in sigset.by_literal[lit])]
+        # colour codes can sit inside a literal: such blocks go to Python, which strips them
+        self.block_set = LiteralSet({"strong": anchors + [ESC + "["]})
+        # in a hit block: lines for the signatures, and progress lines that may carry an envelope
+        # (a writer of their own); the plain ones (envelope.plain) are found from the end (progress_set)
+        lits = "(?:" + "|".join(re.escape(x) for x in progress) + ")"
+        hinted = [f"{lits}[^\\n]*{ENVELOPE_CHARS}", f"{ENVELOPE_CHARS}[^\\n]*{lits}",
+                  f"{ENVELOPE_STARTS}[^\\n]*{lits}"] if progress else []
+        self.line_set = LiteralSet({"strong": anchors + [ESC],
+                                    "weak": [lit for lit in self.weak_literals if lit not in progress]},
+                                   patterns={"hinted": hinted})
+        self.progress_set = LiteralSet({"progress": progress})
+        self.weak_set = LiteralSet({"weak": self.weak_literals})
 
-    # Each scan has two steps: prepare_chunk(s) (bytes and the polars block prefilter, no FileContext:
-    # any thread may run it; events.build_events runs it in its reader thread, ahead of the scanner)
-    # and add_* + flush (line selection and the Python work on the FileContext, batched).
+    # Each scan has two steps: prepare_chunk (bytes and the block prefilter, no FileContext: any
+    # thread may run it; events.build_events runs it in its reader thread, ahead of the scanner)
+    # and add_* (the line-level Python work on the FileContext, in the scanner's thread).
 
     def scan_chunk(self, data: bytes, first_line: int, ctx: FileContext) -> int:
         """Scan one byte chunk now; returns the number of newlines in it."""
         prep = self.prepare_chunk(data)
         self.add_chunk(prep, first_line, ctx)
-        self.flush()
         return prep.newlines
 
     def scan_tail(self, data: bytes, first_line: int, ctx: FileContext, chunk: Chunk | None = None) -> None:
         """Weak signatures over a file's last TAIL_CHARS bytes now (see add_tail)."""
         self.add_tail(data, first_line, ctx, chunk)
-        self.flush()
 
     # -- block level -------------------------------------------------------------------
     def prepare_chunk(self, data: bytes) -> Chunk:
         """Which ~64 KiB blocks of the chunk hold an anchor (or a colour code), and its newlines."""
-        return self.prepare_chunks([data])[0]
+        spans = _block_spans(data)
+        if not spans:
+            return Chunk(data, spans, [], 0)
+        hit = self.block_set.blocks_with_any(data, spans)
+        # newlines counted once, in pieces: up to each hit block and up to the tail's first block
+        start = max(0, len(data) - TAIL_CHARS)
+        k0 = next((k for k in range(max(0, len(spans) - (TAIL_CHARS // BLOCK_SIZE) - 2), len(spans))
+                   if spans[k][1] > start), len(spans) - 1)
+        marks = sorted(set(hit) | {k0})
+        before = {}
+        n = at = 0
+        for k in marks:
+            a = spans[k][0]
+            n += data.count(b"\n", at, a)
+            at = a
+            before[k] = n
+        n += data.count(b"\n", at)
+        return Chunk(data, spans, [(k, before[k]) for k in hit], n, (k0, before[k0]))
 
     def prepare_chunks(self, datas: list[bytes]) -> list[Chunk]:
-        """prepare_chunk for several chunks (small files) in one polars query."""
-        out: list[Chunk | None] = []
-        todo: list[tuple[int, bytes, list[tuple[int, int]]]] = []
-        for data in datas:
-            spans = _block_spans(data)
-            if not spans:
-                out.append(Chunk(data, spans, None, [], 0, []))
-            elif len(data) <= SMALL_CHUNK and not any(a in data for a in self.anchor_bytes):
-                # a small file with nothing of interest: no polars round trip
-                out.append(Chunk(data, spans, None, [], data.count(b"\n")))
-            else:
-                out.append(None)
-                todo.append((len(out) - 1, data, spans))
-        if not todo:
-            return out  # type: ignore[return-value]
-        frame = pl.DataFrame([_utf8_blocks([data[a:b] for _, data, spans in todo for a, b in spans])])
-        # colour codes can sit inside a literal: such blocks go to Python, which strips them
-        groups = {f"g{i}": e for i, e in enumerate(self.block_exprs)}
-        res = frame.select(**groups, ansi=pl.col("b").str.contains("\x1b[", literal=True),
-                           nl=pl.col("b").str.count_matches("\n", literal=True).fill_null(-1))
-        all_hits = res.select(pl.any_horizontal(pl.exclude("nl"))).to_series().arg_true().to_list()
-        all_counts = res["nl"].to_list()
-        at = 0
-        for i, data, spans in todo:
-            n = len(spans)
-            counts = [c if c >= 0 else data.count(b"\n", *spans[k])
-                      for k, c in enumerate(all_counts[at : at + n])]
-            hits = [h - at for h in all_hits[bisect_left(all_hits, at) : bisect_left(all_hits, at + n)]]
-            before = []
-            line_at = 0
-            done = 0
-            for bi in hits:
-                line_at += sum(counts[done:bi])
-                done = bi
-                before.append(line_at)
-            out[i] = Chunk(data, spans, frame.slice(at, n) if len(todo) > 1 else frame,
-                           list(zip(hits, before, strict=True)), sum(counts), counts)
-            at += n
-        return out  # type: ignore[return-value]
+        """prepare_chunk for several chunks."""
+        return [self.prepare_chunk(d) for d in datas]
 
-    # The line-level work is batched: add_chunk / add_tail / add_call queue it, and flush() runs the
-    # line selection of everything queued as one polars query (a query per block waited for the
-    # pool threads the reader's prefilter keeps busy: 1.3 ms a call, ~1.7 s on the 1 GB bench run),
-    # then the Python work in the order it was added. The queue is flushed when it holds
-    # FLUSH_LINES lines or FLUSH_BYTES of retained chunk data, and must be flushed at the end.
+    # -- line level, per chunk -----------------------------------------------------------
 
     def add_chunk(self, prep: Chunk, first_line: int, ctx: FileContext) -> None:
-        """Queue the lines of the chunk's hit blocks for signatures and blocks."""
+        """Signatures and blocks on the selected lines of the chunk's hit blocks."""
         data = prep.data
-        for k, (bi, before) in enumerate(prep.hits):
+        for bi, before in prep.hits:
             a, b = prep.spans[bi]
-            n_own = prep.counts[bi] if prep.counts else data.count(b"\n", a, b)
-            n_own += 1 if b == len(data) and not data.endswith(b"\n") else 0
+            nl = data.count(b"\n", a, b)
+            n_own = nl + (1 if b == len(data) and not data.endswith(b"\n") else 0)
             lines = _Lines(data, a, b)
-            # the lines hold on to the chunk (for their lookahead) until the flush
-            self._queue(_BlockWork(ctx, lines, n_own or 1, first_line + before), len(lines),
-                        len(data) if k == 0 else 0)
+            sel = self.line_set.lines_with(data, a, b)
+            n = min(n_own or 1, len(lines))
+            strong, weak = set(sel.get("strong", ())), set(sel.get("weak", ()))
+            selected = strong | weak
+            hinted = [i for i in sel.get("hinted", ()) if i < n and i not in selected]
+            consumed = self._scan_block(lines, sorted(i for i in selected if i < n), first_line + before, ctx)
+            self._scan_progress(lines, hinted, selected, consumed, (data, a, b, nl, n), first_line + before, ctx)
 
     def add_tail(self, data: bytes, first_line: int, ctx: FileContext, chunk: Chunk | None = None) -> None:
-        """Queue the weak-signature scan of a file's end: `data` is the file's last chunk (`chunk`,
-        whose polars frame is reused, when it is that chunk) or its last bytes; `first_line` numbers
-        its first line. See _finish_tail."""
-        if not self.weak_exprs or not data:
+        """Weak signatures over a file's end: `data` is the file's last chunk (`chunk`, whose block
+        spans and newline counts are reused, when it is that chunk) or its last bytes; `first_line`
+        numbers its first line. See _walk_tail."""
+        if self.weak_set.empty or not data:
             return
-        counts = None
-        if chunk is not None and chunk.data is data and chunk.frame is not None:
-            spans, frame, counts = chunk.spans, chunk.frame, chunk.counts
+        if chunk is not None and chunk.data is data:
+            spans, (k0, before) = chunk.spans, chunk.tail_at
+            tail_newlines = chunk.newlines - before
         else:
             spans = _block_spans(data)
-            frame = pl.DataFrame([_utf8_blocks([data[a:b] for a, b in spans])])
-        start = max(0, len(data) - TAIL_CHARS)
-        k0 = next((k for k, (_, b) in enumerate(spans) if b > start), len(spans))
-        if k0 == len(spans):
+            start = max(0, len(data) - TAIL_CHARS)
+            k0 = next((k for k, (_, b) in enumerate(spans) if b > start), len(spans))
+            if k0 == len(spans):
+                return
+            before = data.count(b"\n", 0, spans[k0][0])
+            tail_newlines = data.count(b"\n", spans[k0][0])
+        if k0 >= len(spans):
             return
-        a0 = spans[k0][0]
-        if counts:
-            before, counts = sum(counts[:k0]), counts[k0:]
-        else:
-            before, counts = data.count(b"\n", 0, a0), None
-        work = _TailWork(ctx, data, spans[k0:], first_line + before, frame.slice(k0), counts)
-        self._queue(work, 0, 2 * len(data))  # the slice holds the chunk's frame until the flush
+        self._walk_tail(ctx, data, spans[k0:], first_line + before, tail_newlines)
 
     def add_call(self, fn: Callable[[], object]) -> None:
-        """Queue a call that must run after the work queued so far (a file's bookkeeping)."""
-        self._queue(fn, 0, 0)
-
-    def _queue(self, work: object, n_lines: int, n_bytes: int) -> None:
-        self._pending.append(work)
-        self._pending_lines += n_lines
-        self._pending_bytes += n_bytes
-        if self._pending_lines >= FLUSH_LINES or self._pending_bytes >= FLUSH_BYTES:
-            self.flush()
+        """Run a call after the work added so far (a file's bookkeeping)."""
+        fn()
 
     def flush(self) -> None:
-        """Run the queued work: tail block checks, then one line selection, then the Python part."""
-        pending, self._pending = self._pending, []
-        self._pending_lines = self._pending_bytes = 0
-        tails = [w for w in pending if isinstance(w, _TailWork)]
-        if tails:
-            hit = _any_hit(pl.concat([t.frame for t in tails]), self.weak_exprs)
-            first = 0
-            for t in tails:
-                n = len(t.spans)
-                lo, hi = bisect_left(hit, first), bisect_left(hit, first + n)
-                t.lines, t.line_at = _tail_lines(t, [k - first for k in hit[lo:hi]])
-                t.frame = None
-                first += n
-        texts: list[str] = []
-        for w in pending:
-            if isinstance(w, _BlockWork):
-                texts += w.lines[: w.n_own]
-            elif isinstance(w, _TailWork):
-                texts += w.lines
-        strong, weak, weak_only = self._select(texts)
-        at = 0
-        for w in pending:
-            if isinstance(w, _BlockWork):
-                n = min(w.n_own, len(w.lines))
-                idx = strong[bisect_left(strong, at) : bisect_left(strong, at + n)]
-                only = weak_only[bisect_left(weak_only, at) : bisect_left(weak_only, at + n)]
-                self._scan_block(w.lines, [i - at for i in idx], w.line0, w.ctx, {i - at for i in only})
-                at += n
-            elif isinstance(w, _TailWork):
-                n = len(w.lines)
-                idx = weak[bisect_left(weak, at) : bisect_left(weak, at + n)]
-                self._finish_tail(w, [i - at for i in idx])
-                at += n
-            else:
-                w()
+        """Nothing waits: each add_* does its work at once (kept for callers that flush)."""
 
-    def _select(self, texts: list[str]) -> tuple[list[int], list[int], list[int]]:
-        """Indices of the lines holding an anchor, weak literal or colour code; of those holding a
-        weak literal; and of those holding a weak literal only."""
-        if not texts:
-            return [], [], []
-        frame = pl.DataFrame({"b": texts}, schema={"b": pl.Utf8})
-        strong = {f"s{i}": e for i, e in enumerate(self.block_exprs)}
-        strong["ansi"] = pl.col("b").str.contains("\x1b", literal=True)
-        weak = {f"w{i}": e for i, e in enumerate(self.weak_exprs)}
-        res = frame.select(**strong, **weak)
-        w_any = pl.any_horizontal(*weak) if weak else pl.lit(False)
-        s_any = pl.any_horizontal(*strong)
-        both = res.select(any=s_any | w_any, weak=w_any, only=w_any & ~s_any)
-        return (both["any"].arg_true().to_list(), both["weak"].arg_true().to_list(),
-                both["only"].arg_true().to_list())
+    def _walk_tail(self, ctx: FileContext, data: bytes, spans: list[tuple[int, int]], first_line: int,
+                   newlines: int) -> None:
+        """Weak signatures (progress, side work) on the tail's weak lines: each rank's last news.
 
-    def _finish_tail(self, tail: _TailWork, idx: list[int]) -> None:
-        """Weak signatures (progress, side work) on the tail's selected lines: each rank's last news.
-
-        Walks back from the end, keeping the last TAIL_PER_WRITER hits of each writer (rank), and
-        stops once TAIL_QUIET hits in a row brought no new writer: a per-rank file stops after a
-        few lines, a console shared by hundreds of ranks goes back until it has seen them all.
+        Walks back from the end, block by block and line by line, keeping the last TAIL_PER_WRITER
+        hits of each writer (rank), and stops once TAIL_QUIET hits in a row brought no new writer: a
+        per-rank file stops after a few lines, a console shared by hundreds of ranks goes back
+        until it has seen them all. `spans` are the tail's blocks, `newlines` the newlines in them;
+        only the blocks holding a weak literal are decoded, as the walk reaches them.
         """
-        lines, line_at = tail.lines, tail.line_at
+        hit = self.weak_set.blocks_with_any(data, spans)
+        if not hit:
+            return
         kept: dict[object, int] = {}
         quiet = 0
-        for i in reversed(idx):
-            if quiet > TAIL_QUIET:
-                break
-            clean = ANSI.sub("", lines[i][:MAX_LINE])
-            for env in peel_all(clean):
-                who = env.rank if env.rank is not None else (env.local_rank, env.key)
-                n = kept.get(who, 0)
-                quiet = 0 if n == 0 else quiet + 1
-                kept[who] = n + 1
-                if n >= TAIL_PER_WRITER:
+        end = spans[-1][1]
+        pos, after = end, 0  # newlines in data[pos:end], counted back only as far as the walk goes
+        for k in reversed(hit):
+            a, b = spans[k]
+            nl = data.count(b"\n", a, pos)
+            after += nl
+            pos = a
+            base = first_line + newlines - after  # the line number of the block's first line
+            for i, text in self.weak_set.lines_backward(data, a, b, newlines=nl):
+                if quiet > TAIL_QUIET:
+                    return
+                if kept.get(_TAIL_PLAIN, 0) >= TAIL_PER_WRITER and plain(text):
+                    quiet += 1  # a line without envelope: that writer, known already (as below)
+                    kept[_TAIL_PLAIN] += 1
                     continue
-                for sig, fields in self.sigset.match_all(env.body, weak_only=True):
-                    self._emit(tail.ctx, sig.source, sig.event, fields, env, line_at[i], clean)
+                clean = ANSI.sub("", text[:MAX_LINE])
+                for env in peel_all(clean):
+                    who = env.rank if env.rank is not None else (env.local_rank, env.key)
+                    n = kept.get(who, 0)
+                    quiet = 0 if n == 0 else quiet + 1
+                    kept[who] = n + 1
+                    if n >= TAIL_PER_WRITER:
+                        continue
+                    for sig, fields in self.sigset.match_all(env.body, weak_only=True):
+                        self._emit(ctx, sig.source, sig.event, fields, env, base + i, clean)
 
     # -- line level --------------------------------------------------------------------
-    def _scan_block(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext,
-                    weak_only: set[int] | frozenset[int] = frozenset()) -> None:
+    def _scan_block(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext) -> list[tuple[int, int]]:
         """Signatures and blocks from the selected lines `idx` of a hit block's lines (which run on
-        into the next block, for continuation lines)."""
+        into the next block, for continuation lines). Returns the (first, last) lines of the
+        ChildFailedError blocks found, whose lines are theirs only."""
         consumed_until = -1
+        consumed: list[tuple[int, int]] = []  # (line, last line of the block it started)
         cache: dict[int, Envelope] = {}
 
         def env_at(i: int) -> Envelope | None:
@@ -347,14 +262,10 @@ class LineScanner:
                 cache[i] = e
             return e
 
-        progress: list[int] = []  # lines whose only candidate is a progress signature
         for i in idx:
             if i <= consumed_until:
                 continue
             raw = lines[i][:MAX_LINE]
-            if i in weak_only and self._progress_only(raw):
-                progress.append(i)
-                continue
             clean = ANSI.sub("", raw)
             envs = peel_all(clean)
             matched = False
@@ -386,6 +297,7 @@ class LineScanner:
                         at = view.raw(blk.line_offset)
                         self._emit_block(ctx, blk, env, line0 + at, ANSI.sub("", lines[at]))
                     consumed_until = view.raw(max(0, used - 1))
+                    consumed.append((i, consumed_until))
                     matched = True
                     continue
                 if body.endswith(blocks.FAULT_STACK):
@@ -415,19 +327,41 @@ class LineScanner:
                     self._emit(ctx, sig.source, sig.event, fields, env, line0 + i, clean)
                     matched = True
             del matched
-        self._scan_progress(lines, progress, line0, ctx)
+        return consumed
 
-    def _progress_only(self, raw: str) -> bool:
-        """Whether the only signatures a line could match are progress ones (the body is part of the
-        raw line, so its candidates are among the raw line's)."""
-        cands = self.sigset.candidates(raw)
-        return bool(cands) and all(sig.event == "step_progress" for sig in cands)
-
-    def _scan_progress(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext) -> None:
+    def _scan_progress(self, lines: _Lines, hinted: list[int], selected: set[int], consumed: list[tuple[int, int]],
+                       block: tuple[bytes, int, int, int, int], line0: int, ctx: FileContext) -> None:
         """Progress lines of a block, last first, until each writer has KEEP_PROGRESS rows: only a
-        rank's last ones are kept (_emit), and a log may print one every step."""
+        rank's last ones are kept (_emit), and a log may print one every step.
+
+        A progress line is one holding a progress literal (`step`, `epoch` …) and no other literal
+        (not in `selected`, which _scan_block read) nor inside a ChildFailedError block (`consumed`).
+        Those that may carry an envelope (`hinted`: an envelope character, envelope.plain) are all
+        peeled, to learn their writer; the plain ones, one writer, are found from the block's end
+        (`block`: data, start, end, newlines, own lines) only until that writer has its rows.
+        """
+        data, a, b, nl, n = block
+
+        def plain_lines():
+            taken = set(hinted)
+            for j, _ in self.progress_set.lines_backward(data, a, b, newlines=nl):
+                if j < n and j not in selected and j not in taken:
+                    yield j
+
         kept: dict[object, int] = {}
-        for i in reversed(idx):
+        todo = [i for i in hinted if not _inside(consumed, i)]
+        from_end = plain_lines()
+        p = next(from_end, None)
+        while todo or p is not None:
+            if p is not None and (not todo or p > todo[-1]):
+                i, p = p, next(from_end, None)
+                if _inside(consumed, i):
+                    continue
+                if plain(lines[i]) and kept.get(_PLAIN_WRITER, 0) >= KEEP_PROGRESS:
+                    p, from_end = None, iter(())  # the rest are plain lines of that writer: nothing to learn
+                    continue
+            else:
+                i = todo.pop()
             clean = ANSI.sub("", lines[i][:MAX_LINE])
             for env in peel_all(clean):
                 who = (env.key, env.rank, env.local_rank)
@@ -528,6 +462,17 @@ def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelo
     ctx.rows.append(row)
 
 
+# the writer of a line without any envelope: _scan_progress's key for it, and _walk_tail's
+_PLAIN_WRITER = ("", None, None)
+_TAIL_PLAIN = (None, "")
+
+
+def _inside(consumed: list[tuple[int, int]], p: int) -> bool:
+    """Whether line p was inside a multi-line block started before it: (start, last line) pairs in
+    the order they were found."""
+    return any(start < p <= last for start, last in consumed)
+
+
 def _writer_view(same_writer, base: int):
     """bodies(k) for k = 0, 1, …: the lines of one writer from `base` on, skipping interleaved ones."""
     mapping: list[int] = []
@@ -573,46 +518,3 @@ def _block_spans(data: bytes) -> list[tuple[int, int]]:
         spans.append((a, nl + 1))
         a = nl + 1
     return spans
-
-
-def _literal_groups(literals: list[str], size: int) -> list[pl.Expr]:
-    """`str.contains` expressions over balanced groups of at most `size` literals."""
-    if not literals:
-        return []
-    n = -(-len(literals) // size)
-    per = -(-len(literals) // n)
-    return [pl.col("b").str.contains("|".join(re.escape(x) for x in literals[i : i + per]))
-            for i in range(0, len(literals), per)]
-
-
-def _any_hit(frame: pl.DataFrame, exprs: list[pl.Expr]) -> list[int]:
-    """Row indices where any expression is true; the expressions run as parallel columns."""
-    if not exprs or frame.height == 0:
-        return []
-    res = frame.select(**{f"e{i}": e for i, e in enumerate(exprs)})
-    return res.select(pl.any_horizontal(pl.all())).to_series().arg_true().to_list()
-
-
-def _tail_lines(tail: _TailWork, hit_blocks: list[int]) -> tuple[list[str], list[int]]:
-    """The lines of a tail's hit blocks and their line numbers."""
-    lines: list[str] = []
-    line_at: list[int] = []
-    for bi in hit_blocks:
-        a, b = tail.spans[bi]
-        before = sum(tail.counts[:bi]) if tail.counts else tail.data.count(b"\n", tail.spans[0][0], a)
-        base = tail.first_line + before
-        block_lines = tail.data[a:b].decode("utf-8", "replace").split("\n")
-        if block_lines and block_lines[-1] == "":
-            block_lines.pop()
-        lines += block_lines
-        line_at += range(base, base + len(block_lines))
-    return lines, line_at
-
-
-def _utf8_blocks(pieces: list[bytes]) -> pl.Series:
-    """Byte blocks as a polars string column (invalid UTF-8 replaced)."""
-    try:
-        return pl.Series("b", pieces, dtype=pl.Binary).cast(pl.Utf8)
-    except pl.exceptions.ComputeError:
-        # invalid UTF-8 somewhere (latin-1 logs, garbage): Python's decoder with replacement
-        return pl.Series("b", [p.decode("utf-8", "replace") for p in pieces], dtype=pl.Utf8)

@@ -32,7 +32,7 @@ def _patterns_dir() -> Path:
 PATTERNS_DIR = _patterns_dir()
 SIGNATURES_DIR = PATTERNS_DIR / "signatures"
 NOISE_FILE = PATTERNS_DIR / "noise.txt"
-ANCHOR_LENGTHS = (5, 6, 8)
+ANCHOR_LENGTHS = (6, 8)
 FIELD_TYPES = ("int", "str", "ms", "ranks", "float", "signal")
 MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, never hangs the run
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
@@ -77,7 +77,7 @@ class Signature:
         text = body if len(body) <= MAX_MATCH_LEN else body[:MAX_MATCH_LEN]
         for rx in self.variants:
             try:
-                m = rx.search(text, timeout=MATCH_TIMEOUT_S)
+                m = rx.search(text, timeout=MATCH_TIMEOUT_S, concurrent=False)  # short: keep the GIL
             except TimeoutError:
                 continue
             if m is not None:

@@ -1,0 +1,211 @@
+"""Multi-literal search over bytes: which blocks, and which lines of a block, hold one of a set of literals.
+
+One Hyperscan database per literal set (DESIGN.md §8: ~1 GB/s a core for ~100 literals, and it
+releases the GIL while it scans); where the `hyperscan` package cannot be loaded, Python's `re`
+over the same literals gives the same answers, slower. Literals never contain a newline, so a match
+lies inside one line and one block (blocks end just after a newline: lines._block_spans).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+
+try:  # pragma: no cover - which branch runs depends on the platform
+    import hyperscan as _hs
+except ImportError:  # pragma: no cover
+    _hs = None
+
+HYPERSCAN = _hs is not None
+
+
+class LiteralSet:
+    """Literals in named groups (`strong`, `weak` …), searched in byte strings.
+
+    `blocks_with_any` answers per block (stopping at a block's first match); `lines_with` per line
+    of one span, by group. Matching is on bytes: a literal (ASCII or UTF-8) matches the same
+    lines as in the decoded text, since an ASCII byte is never part of a multi-byte sequence and
+    the decoder's replacement of invalid bytes never makes or breaks an ASCII literal.
+    """
+
+    def __init__(self, groups: dict[str, Sequence[str | bytes]], *, use_hyperscan: bool | None = None,
+                 patterns: dict[str, Sequence[str]] | None = None) -> None:
+        """`groups`: literals by group name; `patterns`: regular expressions by group name (for
+        lines_with only; `^` is a line start; a pattern must not match across a newline)."""
+        patterns = {g: p for g, p in (patterns or {}).items() if p}
+        self.names = [g for g, lits in groups.items() if lits and g not in patterns] + list(patterns)
+        lits: list[bytes] = []
+        ids: list[int] = []
+        for gi, g in enumerate(self.names):
+            if g in patterns:
+                continue
+            for lit in dict.fromkeys(x.encode() if isinstance(x, str) else x for x in groups[g]):
+                if not lit or b"\n" in lit:
+                    raise ValueError(f"literal {lit!r}: empty or holds a newline")
+                lits.append(lit)
+                ids.append(gi)
+        self._group_of = ids
+        self.empty = not lits and not patterns
+        use = HYPERSCAN if use_hyperscan is None else (use_hyperscan and HYPERSCAN)
+        self._db = self._db_first = self._rx_db = None
+        self._local = threading.local()
+        rx_list = [(self.names.index(g), p) for g, ps in patterns.items() for p in ps]
+        self._rx_group_of = [g for g, _ in rx_list]
+        self._rx_py = [(g, re.compile(p.encode(), re.M)) for g, p in rx_list]
+        if use and rx_list:
+            self._rx_db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+            self._rx_db.compile(expressions=[p.encode() for _, p in rx_list], ids=list(range(len(rx_list))),
+                                elements=len(rx_list), flags=_hs.HS_FLAG_MULTILINE)
+        if not lits:
+            self._any_rx = None
+            self._group_rx = []
+            return
+        if use:
+            self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+            self._db.compile(expressions=lits, ids=list(range(len(lits))), elements=len(lits), flags=0, literal=True)
+            self._db_first = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+            self._db_first.compile(expressions=lits, ids=list(range(len(lits))), elements=len(lits),
+                                   flags=_hs.HS_FLAG_SINGLEMATCH, literal=True)
+        else:
+            alt = b"|".join(re.escape(x) for x in sorted(lits, key=len, reverse=True))
+            self._any_rx = re.compile(alt)
+            self._group_rx = [re.compile(b"|".join(re.escape(x) for x, g in zip(lits, ids, strict=True) if g == gi))
+                              if gi in ids else None for gi in range(len(self.names))]
+
+    @property
+    def engine(self) -> str:
+        return "hyperscan" if (self._db or self._rx_db) is not None else "re"
+
+    def _scratch(self, db: object) -> object:
+        """Hyperscan scratch space, one per thread and database (a scratch serves one scan at a time)."""
+        key = id(db)
+        s = getattr(self._local, "s", None)
+        if s is None:
+            s = self._local.s = {}
+        scr = s.get(key)
+        if scr is None:
+            scr = s[key] = _hs.Scratch(db)
+        return scr
+
+    def blocks_with_any(self, data: bytes, spans: Sequence[tuple[int, int]]) -> list[int]:
+        """Indices of the spans of `data` that hold any literal."""
+        if self.empty or not spans:
+            return []
+        if self._db is None:
+            out = []
+            search = self._any_rx.search
+            for k, (a, b) in enumerate(spans):
+                if search(data, a, b) is not None:
+                    out.append(k)
+            return out
+        # One scan of the whole range, stopping at the first match; then again from the next block.
+        # A callback per match would cost ~0.2 µs each: a frequent literal would dominate.
+        db = self._db_first
+        scratch = self._scratch(db)
+        view = memoryview(data)
+        ends = [b for _, b in spans]
+        hits: list[int] = []
+        found: list[int] = []
+
+        def first(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
+            found.append(to)
+            return True
+
+        k = 0
+        base = spans[0][0]
+        stop = spans[-1][1]
+        while k < len(spans):
+            found.clear()
+            try:
+                db.scan(view[base:stop], match_event_handler=first, scratch=scratch)
+            except _hs.ScanTerminated:
+                pass
+            if not found:
+                break
+            # the match ends inside the block whose end is the first one past it
+            k = bisect_right(ends, base + found[0] - 1, k)
+            hits.append(k)
+            k += 1
+            if k < len(spans):
+                base = spans[k][0]
+        return hits
+
+    def lines_with(self, data: bytes, a: int, b: int) -> dict[str, list[int]]:
+        """Per group, the sorted indices (0 = the line starting at `a`) of the lines of data[a:b]
+        that hold one of the group's literals (or match one of its patterns)."""
+        out: dict[str, list[int]] = {g: [] for g in self.names}
+        if self.empty or a >= b:
+            return out
+        per: list[list[int]] = [[] for _ in self.names]
+        if self._db is None:
+            for gi, rx in enumerate(self._group_rx):
+                if rx is not None:
+                    per[gi] += [m.end() for m in rx.finditer(data, a, b)]
+        else:
+            group_of = self._group_of
+
+            def each(i: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+                per[group_of[i]].append(a + to)
+
+            self._db.scan(memoryview(data)[a:b], match_event_handler=each, scratch=self._scratch(self._db))
+        if self._rx_db is not None:
+            rx_group_of = self._rx_group_of
+
+            def each_rx(i: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+                per[rx_group_of[i]].append(a + to)
+
+            self._rx_db.scan(memoryview(data)[a:b], match_event_handler=each_rx, scratch=self._scratch(self._rx_db))
+        else:
+            for gi, rx in self._rx_py:
+                # a pattern's matches never span lines: non-overlapping ones still find every line
+                per[gi] += [m.end() for m in rx.finditer(data, a, b) if m.end() > m.start()]
+        for g, ends in zip(self.names, per, strict=True):
+            if ends:
+                ends.sort()
+                out[g] = _line_indices(data, a, ends)
+        return out
+
+    def lines_backward(self, data: bytes, a: int, b: int, newlines: int | None = None,
+                       window: int = 4096) -> Iterator[tuple[int, str]]:
+        """The lines of data[a:b] holding a literal of any group, last first, as (index from the
+        line starting at `a`, decoded text): found a window at a time from the end (windows
+        doubling), so a caller that stops early never pays for the start. `newlines`: the
+        newlines in data[a:b], when known."""
+        if self.empty or a >= b:
+            return
+        if newlines is None:
+            newlines = data.count(b"\n", a, b)
+        end = b
+        after = 0  # newlines in data[end:b]
+        while end > a:
+            start = max(a, end - window)
+            if start > a:
+                start = max(a, data.rfind(b"\n", a, start) + 1)  # a line start (or the range's)
+            hits = self.lines_with(data, start, end)
+            found = sorted({i for idx in hits.values() for i in idx})
+            nl = data.count(b"\n", start, end)
+            if found:
+                first = newlines - after - nl  # index of the window's first line
+                text = data[start:end].decode("utf-8", "replace").split("\n")
+                for i in reversed(found):
+                    yield first + i, text[i]
+            after += nl
+            end = start
+            window *= 2
+
+
+def _line_indices(data: bytes, a: int, ends: list[int]) -> list[int]:
+    """Sorted unique line indices (counted from the line starting at `a`) of match end offsets."""
+    out: list[int] = []
+    line = 0
+    at = a
+    for e in ends:
+        pos = e - 1  # the match's last byte
+        if pos >= at:
+            line += data.count(b"\n", at, pos)
+            at = pos
+        if not out or out[-1] != line:
+            out.append(line)
+    return out
