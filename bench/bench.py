@@ -5,6 +5,7 @@ For every RUN (a run folder, or a .tar.gz of one) and every command:
 
   events   ncclforensics events RUN -f csv -o /dev/null
   analyze  ncclforensics analyze RUN --json           (skipped when the command does not exist yet)
+  before   the same analyze from another checkout (--before DIR: PYTHONPATH=DIR), for before/after figures
   grep     LC_ALL=C grep -rcE '<pattern>' RUN          (folder)
            zcat RUN | LC_ALL=C grep -cE '<pattern>'    (.tar.gz)
   rg       rg -c -e '<pattern>' RUN                    (ripgrep; zcat RUN | rg -c for a .tar.gz)
@@ -167,19 +168,24 @@ def timed(argv: list[str], env: dict[str, str], stdout_path: str | None
         Path(tpath).unlink(missing_ok=True)
 
 
-def commands(run: Path, exe: str, pattern: str, which: list[str]) -> list[tuple[str, list[str]]]:
+def commands(run: Path, exe: str, pattern: str, which: list[str], before: str | None = None
+             ) -> list[tuple[str, list[str]]]:
     out = []
+    python = str(Path(exe).with_name("python"))
     is_gz = run.is_file() and run.name.endswith((".tar.gz", ".tgz", ".gz"))
     for name in which:
         if name == "events":
             out.append(("events", [exe, "events", str(run), "-f", "csv", "-o", os.devnull]))
         elif name == "analyze":
             out.append(("analyze", [exe, "analyze", str(run), "--json"]))
+        elif name == "before":  # analyze from another checkout (--before), same interpreter
+            out.append(("before", ["env", f"PYTHONPATH={before}", python, "-m", "ncclforensics", "analyze", str(run),
+                                   "--json"]))
         elif name == "grep":
             if is_gz:
                 out.append(("grep", ["sh", "-c", 'zcat -- "$1" | LC_ALL=C grep -cE -e "$2"', "sh", str(run), pattern]))
             else:
-                out.append(("grep", ["grep", "-rcE", "-e", pattern, str(run)]))
+                out.append(("grep", ["env", "LC_ALL=C", "grep", "-rcE", "-e", pattern, str(run)]))
         elif name == "rg":
             if is_gz:
                 out.append(("rg", ["sh", "-c", 'zcat -- "$1" | rg -c -e "$2"', "sh", str(run), pattern]))
@@ -206,7 +212,7 @@ def measure_alternated(run: Path, cmds: list[tuple[str, list[str]]], nbytes: int
     """Every command once per round (warm-up rounds first), in turn, so load swings hit them alike."""
     ms = [Measure(run=str(run), command=name, argv=argv, bytes=nbytes) for name, argv in cmds]
     with tempfile.TemporaryDirectory() as td:
-        outs = {m.command: (str(Path(td) / m.command) if m.command in ("analyze", "grep", "rg") else None)
+        outs = {m.command: (str(Path(td) / m.command) if m.command in ("analyze", "before", "grep", "rg") else None)
                 for m in ms}
         for i in range(warmup + runs):
             for m in ms:
@@ -215,7 +221,7 @@ def measure_alternated(run: Path, cmds: list[tuple[str, list[str]]], nbytes: int
                 wall, rss, cpu, rc, err = timed(m.argv, env, outs[m.command])
                 if rc != 0 and not (m.command in ("grep", "rg") and rc == 1):  # 1: no line matched
                     # analyze is being written: a missing or crashing command is skipped, not a bench failure
-                    m.status = "skipped" if m.command == "analyze" else "failed"
+                    m.status = "skipped" if m.command in ("analyze", "before") else "failed"
                     why = "command does not exist yet" if _missing_command(rc, err) else (
                         err.strip().splitlines()[-1] if err.strip() else "")
                     m.note = f"exit {rc}: {why}"[:300]
@@ -235,7 +241,7 @@ def measure_alternated(run: Path, cmds: list[tuple[str, list[str]]], nbytes: int
             out_path = outs[m.command]
             if m.status == "ok" and out_path and Path(out_path).exists():
                 m.output = _summarize_output(m.command, Path(out_path))
-                if m.command == "analyze":
+                if m.command in ("analyze", "before"):
                     m.output["truth"] = check_truth(m.output, truth_of(run))
     return ms
 
@@ -286,10 +292,11 @@ def truth_of(run: Path) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def startup(exe: str, target: Path, warmup: int, runs: int, env: dict[str, str], quiet: bool) -> list[Measure]:
+def startup(exe: str, target: Path, warmup: int, runs: int, env: dict[str, str], quiet: bool,
+            before: str | None = None) -> list[Measure]:
     out = [measure(Path("-"), "version", [exe, "version"], 0, warmup, runs, env, quiet)]
     nbytes = run_bytes(target)
-    for name, argv in commands(target, exe, "", ["events", "analyze"]):
+    for name, argv in commands(target, exe, "", ["events", "analyze"] + (["before"] if before else []), before):
         out.append(measure(target, name, argv, nbytes, warmup, runs, env, quiet))
     return out
 
@@ -324,7 +331,7 @@ def markdown(results: list[Measure], start: list[Measure]) -> str:
         rg_ratio = m.median_s / rg if rg and m.median_s else None
         cratio = m.median_cpu_s / gc if gc and m.median_cpu_s else None
         note = m.note or ""
-        if m.output and m.command == "analyze":
+        if m.output and m.command in ("analyze", "before"):
             note = (f"verdict {m.output.get('class')} culprits {m.output.get('culprit_ranks')} seq "
                     f"{m.output.get('seq')}: truth {m.output.get('truth')}")
         elif m.output and m.command in ("grep", "rg"):
@@ -389,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per command (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up runs per command (default 1)")
     ap.add_argument("--exe", default=None, help="ncclforensics executable (default: the venv's, else PATH)")
+    ap.add_argument("--before", default=None, metavar="CHECKOUT",
+                    help="another checkout (e.g. a worktree of main): adds the command `before`, its analyze run by "
+                         "the same interpreter with PYTHONPATH=CHECKOUT, alternated with the others")
     ap.add_argument("--json", dest="json_out", default=str(DATA / "bench_results.json"),
                     help="write results here (default bench/data/bench_results.json)")
     ap.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
@@ -401,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     if not exe:
         raise SystemExit("ncclforensics not found: pass --exe")
     which = [c.strip() for c in args.commands.split(",") if c.strip()]
+    if args.before and "before" not in which:
+        which.insert(which.index("analyze") + 1 if "analyze" in which else 0, "before")
     env = dict(os.environ)
     lits = prefilter_literals()
     pattern = "|".join(ere_escape(x) for x in lits) if args.grep == "literals" else ISSUE_PATTERN
@@ -420,15 +432,15 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = run_bytes(run)
         if not args.quiet:
             print(f"{run} ({nbytes / 1e6:.0f} MB)", file=sys.stderr)
-        results += measure_alternated(run, commands(run, exe, pattern, which), nbytes, args.warmup, args.runs,
-                                      env, args.quiet)
+        results += measure_alternated(run, commands(run, exe, pattern, which, args.before), nbytes, args.warmup,
+                                      args.runs, env, args.quiet)
 
     start: list[Measure] = []
     if not args.no_startup:
         target = Path(args.startup_input) if args.startup_input else small_input(exe)
         if not args.quiet:
             print(f"start-up: {target}", file=sys.stderr)
-        start = startup(exe, target, args.warmup, max(args.runs, 5), env, args.quiet)
+        start = startup(exe, target, args.warmup, max(args.runs, 5), env, args.quiet, args.before)
 
     table = markdown(results, start)
     load = os.getloadavg()
