@@ -138,6 +138,14 @@ class LiteralSet:
         out: dict[str, list[int]] = {g: [] for g in self.names}
         if self.empty or a >= b:
             return out
+        for g, ends in zip(self.names, self._ends(data, a, b), strict=True):
+            if ends:
+                ends.sort()
+                out[g] = _line_indices(data, a, ends)
+        return out
+
+    def _ends(self, data: bytes, a: int, b: int) -> list[list[int]]:
+        """Per group, the end offsets (into `data`, unsorted) of the matches in data[a:b]."""
         per: list[list[int]] = [[] for _ in self.names]
         if self._db is None:
             for gi, rx in enumerate(self._group_rx):
@@ -161,37 +169,38 @@ class LiteralSet:
             for gi, rx in self._rx_py:
                 # a pattern's matches never span lines: non-overlapping ones still find every line
                 per[gi] += [m.end() for m in rx.finditer(data, a, b) if m.end() > m.start()]
-        for g, ends in zip(self.names, per, strict=True):
-            if ends:
-                ends.sort()
-                out[g] = _line_indices(data, a, ends)
-        return out
+        return per
 
     def lines_backward(self, data: bytes, a: int, b: int, newlines: int | None = None,
                        window: int = 4096) -> Iterator[tuple[int, str]]:
         """The lines of data[a:b] holding a literal of any group, last first, as (index from the
         line starting at `a`, decoded text): found a window at a time from the end (windows
-        doubling), so a caller that stops early never pays for the start. `newlines`: the
-        newlines in data[a:b], when known."""
+        doubling), so a caller that stops early never pays for the start: newlines are counted
+        and lines decoded only as far back as the walk goes. `newlines`: the newlines in
+        data[a:b], when known."""
         if self.empty or a >= b:
             return
         if newlines is None:
             newlines = data.count(b"\n", a, b)
         end = b
-        after = 0  # newlines in data[end:b]
+        pos, after = b, 0  # newlines in data[pos:b]
         while end > a:
             start = max(a, end - window)
             if start > a:
                 start = max(a, data.rfind(b"\n", a, start) + 1)  # a line start (or the range's)
-            hits = self.lines_with(data, start, end)
-            found = sorted({i for idx in hits.values() for i in idx})
-            nl = data.count(b"\n", start, end)
-            if found:
-                first = newlines - after - nl  # index of the window's first line
-                text = data[start:end].decode("utf-8", "replace").split("\n")
-                for i in reversed(found):
-                    yield first + i, text[i]
-            after += nl
+            ends = sorted({e for group in self._ends(data, start, end) for e in group}, reverse=True)
+            line_start = end + 1  # of the line yielded last: a later match in it is that line's
+            for e in ends:
+                if e > line_start:
+                    continue
+                # a literal holds no newline: its line starts after the last newline before its end
+                line_start = data.rfind(b"\n", start, e - 1) + 1 or start
+                line_end = data.find(b"\n", e - 1, end)
+                if line_end < 0:
+                    line_end = end
+                after += data.count(b"\n", line_start, pos)
+                pos = line_start
+                yield newlines - after, data[line_start:line_end].decode("utf-8", "replace")
             end = start
             window *= 2
 

@@ -1,0 +1,52 @@
+"""parse/prefilter.py: the literal search answers as a plain line-by-line search would, with
+Hyperscan and with Python's re."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ncclforensics.parse.prefilter import HYPERSCAN, LiteralSet
+
+LITS = {"strong": ["NCCL WARN", "Watchdog", "WARN"], "weak": ["step", "ep", "é"]}
+ENGINES = [False] + ([True] if HYPERSCAN else [])
+
+# lines made of pieces that hold, overlap and nearly hold the literals, bytes that are not UTF-8 too
+PIECES = ["NCCL WARN", "NCCL WAR", "Watch", "dog", "step", "ste", "p", "é", "\xe9", "x", " ", "WARN"]
+line = st.lists(st.sampled_from(PIECES), max_size=6).map("".join)
+text = st.lists(line, max_size=40).map("\n".join).map(lambda s: s.encode("utf-8", "surrogateescape"))
+
+
+def reference(data: bytes, a: int, b: int) -> list[tuple[int, str]]:
+    lits = [x.encode() for group in LITS.values() for x in group]
+    lines = data[a:b].split(b"\n")
+    return [(i, ln.decode("utf-8", "replace")) for i, ln in enumerate(lines) if any(x in ln for x in lits)][::-1]
+
+
+@pytest.mark.parametrize("use_hyperscan", ENGINES)
+@settings(max_examples=150, deadline=None)
+@given(data=text, cut=st.tuples(st.integers(0, 400), st.integers(0, 400)), window=st.sampled_from([1, 7, 64, 4096]),
+       known=st.booleans())
+def test_lines_backward_is_a_reversed_line_search(use_hyperscan: bool, data: bytes, cut: tuple[int, int],
+                                                  window: int, known: bool) -> None:
+    # a range starts at a line start and ends just after a newline or at the end of the data
+    starts = [0] + [i + 1 for i, c in enumerate(data) if c == 10]
+    a = starts[min(cut[0], len(starts) - 1)]
+    ends = [i + 1 for i, c in enumerate(data) if c == 10 and i + 1 > a] + [len(data)]
+    b = ends[min(cut[1], len(ends) - 1)]
+    ls = LiteralSet(LITS, use_hyperscan=use_hyperscan)
+    got = list(ls.lines_backward(data, a, b, newlines=data.count(b"\n", a, b) if known else None, window=window))
+    assert got == (reference(data, a, b) if a < b else [])
+
+
+@pytest.mark.parametrize("use_hyperscan", ENGINES)
+@settings(max_examples=150, deadline=None)
+@given(data=text)
+def test_lines_with_is_a_line_search(use_hyperscan: bool, data: bytes) -> None:
+    ls = LiteralSet(LITS, use_hyperscan=use_hyperscan)
+    got = ls.lines_with(data, 0, len(data))
+    lines = data.split(b"\n")
+    for group, lits in LITS.items():
+        want = [i for i, ln in enumerate(lines) if any(x.encode() in ln for x in lits)]
+        assert got.get(group, []) == want
