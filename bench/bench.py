@@ -171,7 +171,6 @@ def timed(argv: list[str], env: dict[str, str], stdout_path: str | None
 def commands(run: Path, exe: str, pattern: str, which: list[str], before: str | None = None
              ) -> list[tuple[str, list[str]]]:
     out = []
-    python = str(Path(exe).with_name("python"))
     is_gz = run.is_file() and run.name.endswith((".tar.gz", ".tgz", ".gz"))
     for name in which:
         if name == "events":
@@ -179,8 +178,8 @@ def commands(run: Path, exe: str, pattern: str, which: list[str], before: str | 
         elif name == "analyze":
             out.append(("analyze", [exe, "analyze", str(run), "--json"]))
         elif name == "before":  # analyze from another checkout (--before), same interpreter
-            out.append(("before", ["env", f"PYTHONPATH={before}", python, "-m", "ncclforensics", "analyze", str(run),
-                                   "--json"]))
+            # the console script, not `python -m`: that puts the working directory (a checkout too) first
+            out.append(("before", ["env", f"PYTHONPATH={before}", exe, "analyze", str(run), "--json"]))
         elif name == "grep":
             if is_gz:
                 out.append(("grep", ["sh", "-c", 'zcat -- "$1" | LC_ALL=C grep -cE -e "$2"', "sh", str(run), pattern]))
