@@ -50,3 +50,30 @@ def test_lines_with_is_a_line_search(use_hyperscan: bool, data: bytes) -> None:
     for group, lits in LITS.items():
         want = [i for i, ln in enumerate(lines) if any(x.encode() in ln for x in lits)]
         assert got.get(group, []) == want
+
+
+def test_match_all_remembers_bodies_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body seen before is answered as a fresh signature set answers it; the memory of bodies
+    stays bounded, and long bodies are not remembered."""
+    from ncclforensics.parse import signatures
+
+    monkeypatch.setattr(signatures, "MATCH_CACHE_ENTRIES", 4)
+    sigset = signatures.load_signatures()
+    sigset._matches.clear()  # the set is shared by the process: start from no memory
+    bodies = ["NCCL WARN Cuda failure 'out of memory'", "step 12 loss 2.5", "NCCL INFO Init COMPLETE",
+              "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, "
+              "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out.",
+              "nothing here", "x" * (signatures.MATCH_CACHE_CHARS + 1) + " step 3"]
+
+    def fresh(body: str, weak_only: bool) -> list:
+        return [(sig.path, f) for sig in sigset.candidates(body, weak_only=weak_only)
+                if (f := sig.match(body)) is not None]
+
+    for _ in range(3):
+        for body in bodies:
+            for weak_only in (False, True):
+                assert [(sig.path, f) for sig, f in sigset.match_all(body, weak_only=weak_only)] == \
+                    fresh(body, weak_only)
+                assert len(sigset._matches) <= 4
+    assert all(len(body) <= signatures.MATCH_CACHE_CHARS for body, _ in sigset._matches)
+    assert any(sig.event == "watchdog_timeout" for sig, _ in sigset.match_all(bodies[3]))

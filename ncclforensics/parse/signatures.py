@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,8 @@ ANCHOR_LENGTHS = (6, 8)
 FIELD_TYPES = ("int", "str", "ms", "ranks", "float", "signal")
 MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, never hangs the run
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
+MATCH_CACHE_CHARS = 1024  # bodies up to this long have their matches remembered (match_all)
+MATCH_CACHE_ENTRIES = 8192  # then it starts again (a few MB at most)
 
 
 # keys a signature file may have; `parser` (a kind a block parser emits), `meaning`, `carrier`, `launcher`,
@@ -174,6 +177,7 @@ class SignatureSet:
         self._weak_lits = [lit for lit in self.by_literal if any(s.weak for s in self.by_literal[lit])]
         self._weak_sigs = {lit: [s for s in self.by_literal[lit] if s.weak] for lit in self._weak_lits}
         self._order = order
+        self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
 
     def candidates(self, body: str, *, weak_only: bool = False) -> list[Signature]:
         """The signatures whose prefilter literals occur in `body`, in signature-file order."""
@@ -192,13 +196,28 @@ class SignatureSet:
                     seen.append(sig)
         return seen
 
-    def match_all(self, body: str, *, weak_only: bool = False) -> list[tuple[Signature, dict[str, object]]]:
+    def match_all(self, body: str, *, weak_only: bool = False) -> Sequence[tuple[Signature, dict[str, object]]]:
+        """The signatures matching `body` with their typed fields, in signature-file order.
+
+        Remembered by body (short ones, a bounded number): the same line comes from every rank of
+        a run (NCCL's init, the watchdog's teardown), most of them word for word. The fields are
+        shared between callers, which only read them."""
+        cacheable = len(body) <= MATCH_CACHE_CHARS
+        if cacheable:
+            hit = self._matches.get((body, weak_only))
+            if hit is not None:
+                return hit
         out = []
         for sig in self.candidates(body, weak_only=weak_only):
             fields = sig.match(body)
             if fields is not None:
                 out.append((sig, fields))
-        return out
+        found = tuple(out)
+        if cacheable:
+            if len(self._matches) >= MATCH_CACHE_ENTRIES:
+                self._matches.clear()
+            self._matches[(body, weak_only)] = found
+        return found
 
 
 def _noise_lines() -> list[str]:
