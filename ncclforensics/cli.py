@@ -240,7 +240,8 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         diag = analysis.diagnosis
         repro, problem = reproducer(analysis)
         if problem:
-            err(f"ncclforensics: no reproducer for this verdict ({problem})")
+            err(f"ncclforensics: {problem}" if problem.startswith("no reproducer")
+                else f"ncclforensics: no reproducer for this verdict ({problem})")
         # the context lines are read back from the files once, as wide as the widest output wants
         radius = context_lines(wanted, context)
         incident = None

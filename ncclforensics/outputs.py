@@ -94,9 +94,11 @@ def reproducer(analysis: Analysis) -> tuple[object | None, str | None]:
     diag = analysis.diagnosis
     if diag.verdict.reproducer is None:
         return None, None
-    try:
-        from ncclforensics.repro.render import render_reproducer
+    from ncclforensics.repro.render import NoReproducer, render_reproducer
 
+    try:
         return render_reproducer(diag.verdict, diag.facts), None
+    except NoReproducer as exc:  # the rule says why it has none
+        return None, str(exc)
     except Exception as exc:  # a renderer bug must not cost the diagnosis
         return None, f"{type(exc).__name__}: {str(exc)[:160]}"
