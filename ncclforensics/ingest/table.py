@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import polars as pl
 
@@ -78,6 +79,40 @@ def event_table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.Dat
                                          maintain_order=True)])
     df = fill_ranks(df)
     df = df.sort(["ts", "rank", "file", "line"], nulls_last=True, maintain_order=True)
-    df = vocabulary().annotate(vocabulary().drop_duplicates(df))
+    df = vocabulary().annotate(vocabulary().drop_duplicates(_aer_source_drivers(df)))
     df = df.with_columns(pl.col("source").cast(EVENT_SCHEMA["source"]), pl.col("kind").cast(pl.Categorical()))
     return df.select(list(EVENT_SCHEMA)), year_source
+
+
+def _aer_source_drivers(df: pl.DataFrame) -> pl.DataFrame:
+    """A PCIe port's AER lines report an error of the device below it (FORMATS.md §21.3: the root port
+    writes `error … received from <bdf>`, the device that logged it writes the next lines): each port
+    line gets that device's driver as `source_driver` (mlx5_core: a NIC; nvidia: a GPU), where the
+    device's own lines on the same host or in the same file name it."""
+    is_aer = pl.col("kind") == "pcie_aer"
+    if df.is_empty() or df.filter(is_aer).is_empty():
+        return df
+    aer = df.with_row_index("_i").filter(is_aer).select("_i", "file", "host", "extra").to_dicts()
+    drivers: dict[tuple, str] = {}  # (place, bdf) -> the driver of the device at that address
+    below: dict[tuple, str] = {}    # (place, port bdf) -> the bdf of the device whose error it reported
+    for r in aer:
+        x = json.loads(r["extra"] or "{}")
+        r["x"], r["place"] = x, r["host"] or r["file"]
+        if x.get("device") and x.get("driver") and x["driver"] != "pcieport":
+            drivers[(r["place"], x["device"].lower())] = x["driver"]
+        if x.get("device") and x.get("source_bdf"):
+            below[(r["place"], x["device"].lower())] = x["source_bdf"].lower()
+    fixed = {}
+    for r in aer:
+        x = r["x"]
+        if x.get("driver") not in (None, "pcieport"):
+            continue
+        src = (x.get("source_bdf") or below.get((r["place"], str(x.get("device") or "").lower())) or "").lower()
+        driver = drivers.get((r["place"], src))
+        if driver:
+            fixed[r["_i"]] = json.dumps({**x, "source_driver": driver}, separators=(",", ":"))
+    if not fixed:
+        return df
+    idx = pl.DataFrame({"_i": list(fixed), "_x": list(fixed.values())}, schema={"_i": pl.UInt32, "_x": pl.Utf8})
+    return (df.with_row_index("_i").join(idx, on="_i", how="left", maintain_order="left")
+            .with_columns(pl.coalesce("_x", "extra").alias("extra")).drop("_i", "_x"))
