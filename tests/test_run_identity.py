@@ -279,3 +279,19 @@ def test_root_of_notes_only_is_no_run(tmp_path):
     with pytest.raises(NoInputError, match=r"2 files are no run \(NOTES.txt: notes, not a log; empty.log: empty"):
         scan(tmp_path, tmp_path.parent / "out", progress=False)
     assert not (tmp_path.parent / "out").exists()
+
+
+def test_a_hung_workers_stdout_and_stderr_stay_one_run(tmp_path):
+    """A torchrun worker's folder (attempt_N/<local_rank>/, FORMATS.md §2.2) holds one process: its last
+    print and its watchdog timeout an hour later are one run, not two told apart by time."""
+    run = tmp_path / "job" / "node-a" / "fit_x1y2z3w4" / "attempt_0"
+    for lr in range(2):
+        (run / str(lr)).mkdir(parents=True)
+        (run / str(lr) / "stdout.log").write_text(
+            f"[2025-04-02 01:00:00,000] step 100 loss 2.31\n[2025-04-02 01:20:00,000] rank {lr} step 2000 loss 1.90\n")
+        (run / str(lr) / "stderr.log").write_text(
+            f"[rank{lr}]:[E402 02:20:01.500000000 ProcessGroupNCCL.cpp:632] [Rank {lr}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=4001, OpType=ALLREDUCE, NumelIn=64, NumelOut=64, "
+            "Timeout(ms)=3600000) ran for 3600042 milliseconds before timing out.\n")
+    specs = find_runs(tmp_path / "job")
+    assert len(specs) == 1, [(s.rel, s.why) for s in specs]

@@ -326,6 +326,10 @@ class _Grouper:
     # -- grouping --------------------------------------------------------------------------------
     def _groups(self, d: Path, items: list[_Item]) -> list[tuple[list[_Item], list[str]]]:
         """Items -> groups (each a run), with the reasons."""
+        if any(_ATTEMPT.match(p.name) for p in (d, *d.parents)):
+            # one torchrun attempt (FORMATS.md §2.2): its workers' stdout/stderr are one run even when a
+            # hang leaves hours between a worker's last print and its timeout report
+            return [(items, [f"one run: the files of {d.name}/ in a torchrun attempt_N folder"])]
         own = [i for i in items if i.role == "own"]
         parts = [i for i in items if i.role in ("part", "host")]
         plain = [i for i in items if i.role == "plain"]
