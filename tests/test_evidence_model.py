@@ -194,24 +194,16 @@ def test_an_exit_code_alone_is_a_crash(tmp_path: Path):
     assert v.root_cause is RootCause.RANK_CRASH and v.confidence < 0.5, (v.rule, v.title)
 
 
-def test_a_ports_aer_lines_take_the_class_of_the_device_below(tmp_path: Path):
+@pytest.mark.parametrize(("driver", "cls"), [("mlx5_core", RootCause.NETWORK_RUNTIME),
+                                           ("nvidia", RootCause.GPU_HARDWARE)])
+def test_a_ports_aer_lines_take_the_class_of_the_device_below(tmp_path: Path, driver: str, cls: RootCause):
     """The root port reports the error of the device below it; the device's own lines name its driver
     (FORMATS.md §21.3): a Mellanox NIC (mlx5_core) makes the port's fatal error and failed recovery a
-    network fault, not a GPU one."""
+    network fault, a GPU (nvidia) a GPU one."""
     v = verdict(tmp_path, "\n".join([
         "[ 77120.100201] pcieport 0000:a0:03.1: AER: Uncorrected (Fatal) error message received from 0000:a1:00.0",
-        "[ 77120.100209] mlx5_core 0000:a1:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), "
+        f"[ 77120.100209] {driver} 0000:a1:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), "
         "type=Transaction Layer, (Requester ID)",
         "[ 77122.904311] pcieport 0000:a0:03.1: AER: device recovery failed",
     ]), name="dmesg-node-k04.txt")
-    assert v.root_cause is RootCause.NETWORK_RUNTIME, (v.rule, v.title)
-
-
-def test_a_ports_aer_lines_about_a_gpu_stay_gpu_hardware(tmp_path: Path):
-    v = verdict(tmp_path, "\n".join([
-        "[ 77120.100201] pcieport 0000:a0:03.1: AER: Uncorrected (Fatal) error message received from 0000:a1:00.0",
-        "[ 77120.100209] nvidia 0000:a1:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), "
-        "type=Transaction Layer, (Requester ID)",
-        "[ 77122.904311] pcieport 0000:a0:03.1: AER: device recovery failed",
-    ]), name="dmesg-node-k04.txt")
-    assert v.root_cause is RootCause.GPU_HARDWARE, (v.rule, v.title)
+    assert v.root_cause is cls, (v.rule, v.title)
