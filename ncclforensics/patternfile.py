@@ -1,12 +1,85 @@
-"""Read one file under patterns/ as a TOML table, refusing a key its format does not know."""
+"""Read one file under patterns/ as a TOML table, refusing a key its format does not know.
+
+Start-up reads ~280 TOML files (signatures, their meanings, rules, reproducer plans): parsing them
+is most of what `analyze` costs on a small run (bench/README.md, "Start-up"). load_toml parses a
+file once per version of it (its size and modification time) and keeps the table, as JSON text, in
+one cache file under the user's cache folder, written when the process ends if anything was parsed.
+"""
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import json
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from ncclforensics.atomic import atomic_write
+from ncclforensics.diskcache import cache_dir
 from ncclforensics.errors import PatternError
+
+
+class _TomlCache:
+    """Parsed TOML tables by absolute path: {path: [mtime_ns, size, JSON text]}, loaded from the cache
+    file on first use. Each load_toml call gets tables of its own (json.loads of the text): callers may
+    change what they get."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, list] | None = None
+        self.dirty = False
+        where = hashlib.sha256(Path(__file__).resolve().parent.as_posix().encode()).hexdigest()[:12]
+        self.file = cache_dir() / f"toml-{where}.json"  # one per installed copy of the package
+
+    def get(self, path: Path) -> dict:
+        if self.entries is None:
+            self.entries = self._read()
+        key = os.path.abspath(path)
+        st = os.stat(key)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+            return json.loads(hit[2])
+        with open(key, "rb") as f:
+            raw = f.read()
+        data = tomllib.loads(raw.decode("utf-8"))
+        try:
+            text = json.dumps(data)
+        except (TypeError, ValueError):  # a TOML date or time: not kept (JSON has none)
+            return data
+        if len(raw) == st.st_size:  # not changed while it was read
+            self.entries[key] = [st.st_mtime_ns, st.st_size, text]
+            if not self.dirty:
+                self.dirty = True
+                atexit.register(self.write)
+        return json.loads(text)
+
+    def _read(self) -> dict[str, list]:
+        try:
+            entries = json.loads(self.file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def write(self) -> None:
+        """Save the tables, dropping files that no longer exist; a read-only home keeps nothing."""
+        if not self.dirty or self.entries is None:
+            return
+        self.dirty = False
+        keep = {k: v for k, v in self.entries.items() if os.path.exists(k)}
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.file, json.dumps(keep))
+        except OSError:
+            pass
+
+
+_CACHE = _TomlCache()
+
+
+def load_toml(path: Path) -> dict:
+    """The TOML table of `path` (raises tomllib.TOMLDecodeError, UnicodeDecodeError, OSError)."""
+    return _CACHE.get(path)
 
 
 def read_table(path: Path, where: str, error: type[PatternError], known: frozenset[str],
@@ -14,8 +87,8 @@ def read_table(path: Path, where: str, error: type[PatternError], known: frozens
     """The TOML table of `path`, its keys checked against `known` and those of each section (a table
     or an array of tables) against `sections[name]`. `where` names the file in the error's one line."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
+        data = load_toml(path)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise error(f"{where}: {exc}") from None
     check_keys(data, known, where, error)
     for name, keys in (sections or {}).items():

@@ -34,7 +34,7 @@ import regex
 from ncclforensics.errors import PatternError
 from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, json_object
 from ncclforensics.parse.signatures import SIGNATURES_DIR
-from ncclforensics.patternfile import check_keys
+from ncclforensics.patternfile import check_keys, load_toml
 
 _MEANING_TYPES = {c: EVENT_SCHEMA[c] for c in MEANING_COLUMNS}
 # columns a `when` may test directly; any other key is a typed field kept in the `extra` JSON
@@ -163,8 +163,8 @@ def _parse_meaning(rel: str, entry: dict) -> Meaning:
 def _load_spec(path: Path, root: Path) -> KindSpec:
     rel = path.relative_to(root).as_posix()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
+        data = load_toml(path)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise VocabularyError(f"{rel}: {exc}") from None
     entries = data.get("meaning")
     if not entries and data.get("same_meaning_as"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 import regex
 
 from ncclforensics.atomic import atomic_write
+from ncclforensics.diskcache import cache_dir
 from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import SOURCES
 from ncclforensics.patternfile import read_table
@@ -232,7 +232,7 @@ def _cached_anchors(literals: list[str]) -> list[str]:
     """choose_anchors, cached on disk by the hash of its inputs (it takes ~0.3 s; start-up matters)."""
     noise = _noise_lines()
     key = hashlib.sha256(json.dumps([literals, noise, ANCHOR_LENGTHS]).encode()).hexdigest()[:20]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ncclforensics" / f"anchors-{key}.json"
+    cache = cache_dir() / f"anchors-{key}.json"
     try:
         anchors = json.loads(cache.read_text())
         if isinstance(anchors, list) and all(any(a in lit for a in anchors) for lit in literals):

@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 
 from ncclforensics import __version__
+from ncclforensics.diskcache import template_cache
 from ncclforensics.incident import IncidentContext, build_context
 from ncclforensics.jsonout import diagnosis_dict
 from ncclforensics.outputs import HTML_CONTEXT_LINES
@@ -37,7 +38,7 @@ def environment() -> jinja2.Environment:
     # autoescape=True, not select_autoescape(): the latter leaves *.html.j2 unescaped (STYLE.md habit 8)
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, bytecode_cache=template_cache(),
     )
 
 

@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncclforensics.patternfile import load_toml
 from ncclforensics.rules.loader import RULES_DIR, FixSpec, Rule, load_rules, rule_by_id
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -71,7 +72,7 @@ def _allowed(value: object, allowed: tuple) -> bool:
 
 def _plan(rule: Rule) -> Plan:
     path = RULES_DIR / rule.path
-    section = tomllib.loads(path.read_text(encoding="utf-8")).get("reproducer", {})
+    section = load_toml(path).get("reproducer", {})
     where = f"{rule.path} [reproducer]"
     script, none = section.get("script"), section.get("none")
     if bool(script) == bool(none):
@@ -110,7 +111,7 @@ def plans() -> tuple[Plan, ...]:
     for rule in load_rules():
         try:
             out.append(_plan(rule))
-        except (CatalogError, KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
+        except (CatalogError, KeyError, TypeError, ValueError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             out.append(Plan(rule=rule, script=None, none=f"its [reproducer] section is malformed ({exc})",
                             variants={}, options={}, instead=(), expect_culprits="same", cases=(), broken=True))
     return tuple(out)

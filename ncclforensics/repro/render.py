@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import jinja2
 
+from ncclforensics.diskcache import template_cache
 from ncclforensics.errors import ForensicsError
 from ncclforensics.model import OP_TYPES, Finding, RunFacts, rank_ranges
 from ncclforensics.repro.catalog import TEMPLATE_DIR, Instead, Plan, plan_for
@@ -256,6 +257,7 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        bytecode_cache=template_cache(),
     )
     env.filters["py"] = repr
     env.filters["a"] = lambda word: f"{_article(str(word))} {word}"
