@@ -71,14 +71,21 @@ def _guard(fn, *args, **kwargs):
         raise typer.Exit(4) from None
 
 
-def _read_run(paths: list[str], progress: Progress):
+def _jobs(jobs: int | None) -> int:
+    """--jobs, by default the CPUs this process may use."""
+    from ncclforensics.events import cpus
+
+    return cpus() if jobs is None else jobs
+
+
+def _read_run(paths: list[str], progress: Progress, jobs: int = 1):
     """build_events over the paths of one run; NoInputError when nothing in them is a log."""
     from ncclforensics.analysis import looks_like_logs, no_input_message
     from ncclforensics.events import build_events
 
     if "-" in paths and sys.stdin is not None and sys.stdin.isatty() and progress.enabled:
         err("ncclforensics: reading a log from standard input; end it with Ctrl-D")
-    res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read)
+    res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read, jobs=jobs)
     if not looks_like_logs(res):
         raise NoInputError(no_input_message(_label(paths), res))
     return res
@@ -124,15 +131,19 @@ def events(
         "--limit", "-n", min=0, metavar="N", help="Rows to show: the table shows 50 by default; 0 shows all.")] = None,
     color: Annotated[ColorMode, typer.Option("--color", help="Colour in the table.")] = ColorMode.auto,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no summary on stderr.")] = False,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, metavar="N",
+        help="Processes reading the logs (default: CPU cores); only a run of many large files is shared.")
+    ] = None,
 ) -> None:
     """Print the event table of a run: one row per matched log line, ordered by time, file and line."""
-    _guard(_events, paths, fmt=fmt, output=output, quiet=quiet, color=color, limit=limit,
+    _guard(_events, paths, fmt=fmt, output=output, quiet=quiet, color=color, limit=limit, jobs=jobs,
            filters={"ranks": rank, "kinds": kind, "pgs": pg, "sources": source, "since": since, "until": until,
                     "grep": grep, "ignore_case": ignore_case})
 
 
 def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bool, color: ColorMode,
-            limit: int | None, filters: dict) -> None:
+            limit: int | None, filters: dict, jobs: int | None = None) -> None:
     from ncclforensics import eventview, outpaths
     from ncclforensics.analysis import no_input_message
     from ncclforensics.events import build_events
@@ -142,7 +153,7 @@ def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bo
     target = outpaths.file_target(output, "-o") or outpaths.STDOUT
     progress = Progress.for_terminal(quiet=quiet)
     try:
-        res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read)
+        res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read, jobs=_jobs(jobs))
     finally:
         progress.close()
     if res.files == 0 and res.events.is_empty():
@@ -194,15 +205,20 @@ def analyze(
         "--context", "-C", metavar="N", min=0, max=200,
         help="Also show N lines around each evidence line, every rank's last lines before the failure and "
         "the user code frames (terminal and --md; --md shows 3 by default).")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, metavar="N",
+        help="Processes reading the logs (default: CPU cores); only a run of many large files is shared.")
+    ] = None,
 ) -> None:
     """Diagnose a failed run: culprit ranks, stuck collective, root cause, fixes."""
     code = _guard(_analyze, paths, as_json=as_json, as_md=as_md, html=html, out_dir=out_dir, quiet=quiet,
-                  color=color, fail_on=fail_on, context=context)
+                  color=color, fail_on=fail_on, context=context, jobs=jobs)
     raise typer.Exit(code or 0)
 
 
 def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, out_dir: str | None,
-             quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None) -> int:
+             quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None,
+             jobs: int | None = None) -> int:
     from ncclforensics import outpaths
     from ncclforensics.analysis import analyze_events, note_several_runs
     from ncclforensics.incident import build_context
@@ -230,7 +246,7 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     several = None
     docs: dict[DocFormat, str] = {}
     try:
-        res = _read_run(paths, progress)
+        res = _read_run(paths, progress, _jobs(jobs))
         if len(paths) == 1:
             progress.phase("checking whether the folder holds several runs")
             several = note_several_runs(res, paths[0])
@@ -312,7 +328,7 @@ def _repro(paths: list[str], output: str | None, *, real_world_size: bool, quiet
     target = outpaths.file_target(output, "-o") or outpaths.STDOUT
     progress = Progress.for_terminal(quiet=quiet)
     try:
-        diag = analyze_events(_read_run(paths, progress)).diagnosis
+        diag = analyze_events(_read_run(paths, progress, _jobs(None))).diagnosis
     finally:
         progress.close()
     name = target.name if isinstance(target, Path) else "repro.py"  # the docstring names the file

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -111,12 +111,17 @@ def roots_of(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Roo
     return roots
 
 
-def iter_sources(path: str | os.PathLike | None) -> Iterator[Source]:
+Owned = Callable[[int], bool]
+
+
+def iter_sources(path: str | os.PathLike | None, owned: Owned | None = None) -> Iterator[Source]:
     """Every readable file under `path` (a folder, file, compressed file or archive; None for
     standard input).
 
     Raises NoInputError when the path does not exist. Problems with one source become a
-    Source with `skipped` set; they never stop the walk.
+    Source with `skipped` set; they never stop the walk. `owned(i)`: whether to yield the i-th
+    entry of a folder's walk (entry_sizes numbers them; an archive is one entry, all its
+    members): the share of one process when several read a run (events.build_events).
     """
     if path is None:
         stream = getattr(sys.stdin, "buffer", None)
@@ -127,9 +132,20 @@ def iter_sources(path: str | os.PathLike | None) -> Iterator[Source]:
     root = Path(path)
     st = _stat(root)
     if stat.S_ISDIR(st.st_mode):
-        yield from _walk(root)
-    else:
+        for _, opened in _walk(root, owned):
+            yield from opened()
+    elif owned is None or owned(0):
         yield from _open_file(root, root.name, st, is_root=True)
+
+
+def entry_sizes(path: str | os.PathLike) -> list[tuple[int, bool]]:
+    """(bytes, whether an archive) of each entry iter_sources(path, owned) numbers, in that order,
+    without opening any file (a folder's walk; a file is one entry). Raises NoInputError."""
+    root = Path(path)
+    st = _stat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        return [(st.st_size, archive.is_archive(root.name))]
+    return [(size, arch) for (size, arch), _ in _walk(root, lambda _i: False)]
 
 
 def _stat(path: Path) -> os.stat_result:
@@ -141,10 +157,27 @@ def _stat(path: Path) -> os.stat_result:
         raise NoInputError(f"cannot read {display_name(str(path))}: {exc.strerror or exc}") from None
 
 
-def _walk(root: Path) -> Iterator[Source]:
+Entry = tuple[tuple[int, bool], Callable[[], Iterator[Source]]]
+
+
+def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
+    """The folder's entries in walk order: ((bytes, whether an archive), the entry's sources when
+    opened); an entry that `owned` refuses opens to nothing."""
     real_root = os.path.realpath(root)
     seen_dirs: set[tuple[int, int]] = set()
     count = 0
+    index = -1
+
+    def entry(size: int, arch: bool, sources: Callable[[], Iterator[Source]]) -> Entry:
+        nonlocal index
+        index += 1
+        if owned is not None and not owned(index):
+            return (size, arch), lambda: iter(())
+        return (size, arch), sources
+
+    def one(src: Source) -> Callable[[], Iterator[Source]]:
+        return lambda: iter((src,))
+
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=None):
         try:
             dst = os.stat(dirpath)
@@ -161,29 +194,32 @@ def _walk(root: Path) -> Iterator[Source]:
         for dname in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             dirnames.remove(dname)
             rel = (Path(dirpath) / dname).relative_to(root).as_posix()
-            yield Source(rel, None, None, None, "symlink to a folder (not followed)")
+            yield entry(0, False, one(Source(rel, None, None, None, "symlink to a folder (not followed)")))
         for fname in sorted(filenames):
             full = Path(dirpath) / fname
             rel = full.relative_to(root).as_posix()
             count += 1
             if count > MAX_FILES:
-                yield Source(rel, None, None, None, f"more than {MAX_FILES} files; the rest were not read")
+                yield entry(0, False, one(Source(rel, None, None, None,
+                                                 f"more than {MAX_FILES} files; the rest were not read")))
                 return
             try:
                 if full.is_symlink():
                     target = os.path.realpath(full)
                     if not (target == real_root or target.startswith(real_root + os.sep)):
-                        yield Source(rel, None, None, None, "symlink pointing outside the given folder (not followed)")
+                        yield entry(0, False, one(Source(rel, None, None, None,
+                                                         "symlink pointing outside the given folder (not followed)")))
                         continue
                 st = full.stat()
             except OSError as exc:
                 why = "symlink not followed" if os.path.islink(full) else "unreadable"
-                yield Source(rel, None, None, None, f"{why} ({exc.strerror or exc})")
+                yield entry(0, False, one(Source(rel, None, None, None, f"{why} ({exc.strerror or exc})")))
                 continue
             if not stat.S_ISREG(st.st_mode):
-                yield Source(rel, None, None, None, "not a regular file")
+                yield entry(0, False, one(Source(rel, None, None, None, "not a regular file")))
                 continue
-            yield from _open_file(full, rel, st)
+            yield entry(st.st_size, archive.is_archive(fname),
+                        lambda full=full, rel=rel, st=st: _open_file(full, rel, st))
 
 
 def _open_file(full: Path, rel: str, st: os.stat_result, *, is_root: bool = False) -> Iterator[Source]:

@@ -10,10 +10,19 @@ from ncclforensics.parse.lines import Chunk, FileContext
 
 @dataclass(frozen=True, slots=True)
 class Skip:
-    """A source not read, and why (Skipped in the run's facts)."""
+    """A source not read, and why (Skipped in the run's facts). `doc`: a document beside logs, which a
+    root's walk names after everything else (ingest.reader.Reader._walk)."""
 
     name: str
     reason: str
+    doc: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RootStart:
+    """The walk of the run's `index`-th path begins."""
+
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,4 +73,4 @@ class Fatal:
     error: BaseException
 
 
-Item = Skip | Note | ChunkRead | TailRead | SourceEnd | Fatal
+Item = Skip | RootStart | Note | ChunkRead | TailRead | SourceEnd | Fatal

@@ -8,8 +8,9 @@ handing it over (Flight Recorder dumps, error.json): the scanner thread writes t
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ncclforensics.bounded import BytesQueue
 from ncclforensics.errors import UnsafeInputError
@@ -18,7 +19,7 @@ from ncclforensics.ingest.attribution import path_hints
 from ncclforensics.ingest.discover import Root, Source, iter_sources
 from ncclforensics.ingest.filekinds import DOC_SUFFIXES, NOT_A_LOG, NOT_LOG_SUFFIXES
 from ncclforensics.ingest.formats import read_source
-from ncclforensics.ingest.items import ChunkRead, Fatal, Item, Note, Skip, SourceEnd, TailRead
+from ncclforensics.ingest.items import ChunkRead, Fatal, Item, Note, RootStart, Skip, SourceEnd, TailRead
 from ncclforensics.parse.lines import FileContext, LineScanner
 
 # Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
@@ -42,9 +43,14 @@ class Reader:
     """Iterate over it in the scanner thread (inside `with`): the items of every source under `roots`.
     An exception outside any one file ends the walk and is raised again in the scanner thread."""
 
-    def __init__(self, roots: list[Root], scanner: LineScanner) -> None:
+    def __init__(self, roots: list[Root], scanner: LineScanner,
+                 owned: Callable[[int, int], bool] | None = None) -> None:
+        """`owned(root index, entry index)`: whether this reader reads that entry of a root
+        (discover.iter_sources), when several processes share a run's files (events.build_events);
+        such a reader reads no document as a log (a share may hold only documents)."""
         self.roots = roots
         self.scanner = scanner
+        self.owned = owned
         self.queue = BytesQueue(READ_AHEAD_BYTES)  # sized by the prepared chunks' bytes
         self.pending: list[SourceEnd] = []  # small files read whole, waiting for one shared prefilter query
         self.pending_data: list[bytes] = []
@@ -97,8 +103,9 @@ class Reader:
 
     def _run(self) -> None:
         try:
-            for root in self.roots:
-                self._walk(root)
+            for i, root in enumerate(self.roots):
+                self._put(RootStart(i))
+                self._walk(root, None if self.owned is None else functools.partial(self.owned, i))
             self._put(_Done())
         except _Stopped:
             return
@@ -108,13 +115,13 @@ class Reader:
             except _Stopped:
                 return
 
-    def _walk(self, root: Root) -> None:
+    def _walk(self, root: Root, owned: Callable[[int], bool] | None) -> None:
         path = root.path
         is_dir = path is not None and path.is_dir()
         walking = is_dir or (path is not None and archive.is_archive(path.name))
         docs: list[str] = []
         read_any = False
-        for src in iter_sources(path):
+        for src in iter_sources(path, owned):
             src.name = root.prefix + src.name
             if src.skipped:
                 self._put(Skip(src.name, src.skipped))
@@ -126,7 +133,7 @@ class Reader:
                     self._put(Skip(src.name, NOT_A_LOG))
                 continue
             read_any = self._source(src) or read_any
-        if docs and not read_any:
+        if docs and not read_any and owned is None:
             # a folder of pasted output saved as documents (an issue body as issue.md): read them
             self._put(Note(f"no log files beside {', '.join(docs[:3])}{' …' if len(docs) > 3 else ''}: "
                            "read as logs"))
@@ -136,7 +143,7 @@ class Reader:
                     self._source(src)
         else:
             for name in docs:
-                self._put(Skip(name, NOT_A_LOG))
+                self._put(Skip(name, NOT_A_LOG, doc=True))
 
     def _source(self, src: Source) -> bool:
         """Read one source; whether it held any bytes."""

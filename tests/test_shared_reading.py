@@ -1,0 +1,154 @@
+"""A run read by several processes (events.build_events(jobs=N)) gives exactly the table, skips, notes
+and counts that one process gives: each process reads a contiguous share of the walk's entries and the
+shares' books join in walk order. A share whose process dies is read again by the parent."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import io
+import os
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ncclforensics import events
+from ncclforensics.ingest.discover import entry_sizes, iter_sources
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+GEN = Path(__file__).resolve().parent.parent / "bench" / "gen_run.py"
+WATCHDOG = ("[rank{r}]:[E1122 07:44:{s:02d}.000000000 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=17, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=600000) ran for 600001 milliseconds before timing out.\n")
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="shares are read by forked processes")
+
+
+@pytest.fixture
+def share_everything(monkeypatch):
+    """Shares of any size, on any number of CPUs: the small runs of the tests are shared too."""
+    monkeypatch.setattr(events, "SHARE_MIN_BYTES", 1)
+    monkeypatch.setattr(events, "cpus", lambda: 8)
+
+
+def _same(one: events.IngestResult, many: events.IngestResult) -> None:
+    assert one.events.height > 0
+    assert many.events.equals(one.events)
+    assert [(s.file, s.reason) for s in many.skipped] == [(s.file, s.reason) for s in one.skipped]
+    assert many.notes == one.notes
+    assert (many.files, many.bytes, many.lines, many.year_source) == (one.files, one.bytes, one.lines,
+                                                                        one.year_source)
+
+
+def _mixed_folder(tmp: Path) -> Path:
+    """Logs, skipped files, an archive, a compressed file cut short, an empty file, a document."""
+    run = tmp / "run"
+    (run / "node0").mkdir(parents=True)
+    (run / "node1").mkdir()
+    for r in range(8):
+        noise = "".join(f"[rank{r}]: step {i} loss 2.{i:03d}\n" for i in range(200))
+        (run / f"node{r // 4}" / f"rank_{r}.log").write_text(noise + (WATCHDOG.format(r=r, s=r) if r % 3 else ""))
+    (run / "node0" / "empty.log").write_bytes(b"")
+    (run / "node1" / "train.py").write_text("print('not a log')\n")
+    (run / "README.md").write_text("# notes\n")
+    lines = "".join(f"[rank9]: step {i} loss {i * 7919 % 10007}\n" for i in range(20000))
+    whole = gzip.compress((WATCHDOG.format(r=9, s=41) + lines).encode())
+    (run / "node1" / "cut.log.gz").write_bytes(whole[: len(whole) // 2])  # read in part
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for r in (10, 11):
+            data = WATCHDOG.format(r=r, s=r).encode()
+            info = tarfile.TarInfo(f"logs/rank_{r}.log")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (run / "node1" / "more.tar.gz").write_bytes(buf.getvalue())
+    (run / "node0" / "outside").symlink_to("/etc/hostname")
+    return run
+
+
+def test_entries_number_what_the_walk_yields(tmp_path):
+    run = _mixed_folder(tmp_path)
+    sizes = entry_sizes(run)
+    every = [s.name for s in iter_sources(run)]
+    by_entry = [[s.name for s in iter_sources(run, lambda i, k=k: i == k)] for k in range(len(sizes))]
+    assert [n for names in by_entry for n in names] == every  # each source in exactly one entry, in order
+    archive = [k for k, (_, is_archive) in enumerate(sizes) if is_archive]
+    assert len(archive) == 1 and by_entry[archive[0]] == ["node1/more.tar.gz!logs/rank_10.log",
+                                                          "node1/more.tar.gz!logs/rank_11.log"]
+    assert sum(size for size, _ in sizes) == sum(
+        p.stat().st_size for p in run.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@pytest.mark.parametrize("jobs", [2, 3, 5])
+def test_shares_read_as_one(tmp_path, share_everything, jobs):
+    run = _mixed_folder(tmp_path)
+    one = events.build_events(run, jobs=1)
+    many = events.build_events(run, jobs=jobs)
+    _same(one, many)
+    assert any(s.file == "node1/train.py" for s in many.skipped)
+    assert any("read only in part" in n for n in many.notes)
+
+
+def test_several_paths_of_one_run(tmp_path, share_everything):
+    run = _mixed_folder(tmp_path)
+    paths = [run / "node0", run / "node1", run / "README.md"]
+    _same(events.build_events(paths, jobs=1), events.build_events(paths, jobs=2))
+
+
+@pytest.mark.skipif(not (SHARED / "corpus").is_dir(), reason="../shared/corpus is not beside the checkout")
+def test_real_runs(tmp_path, share_everything):
+    for case in sorted((SHARED / "corpus").iterdir())[:4]:
+        if case.is_dir():
+            _same(events.build_events(case, jobs=1), events.build_events(case, jobs=2))
+
+
+def test_generated_multi_host_run(tmp_path, share_everything):
+    spec = importlib.util.spec_from_file_location("bench_gen_run_shared", GEN)
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen  # dataclasses look their module up
+    spec.loader.exec_module(gen)
+    out = tmp_path / "gen"
+    assert gen.main(["--ranks", "16", "--per-host", "4", "--size", "2M", "--layout", "logdir", "--seed", "5",
+                     "--progress", "all", "--out", str(out)]) == 0
+    _same(events.build_events(out, jobs=1), events.build_events(out, jobs=4))
+
+
+def test_a_share_whose_process_dies_is_read_again(tmp_path, share_everything, monkeypatch):
+    run = _mixed_folder(tmp_path)
+    one = events.build_events(run, jobs=1)
+
+    def dies(*_args):
+        os._exit(3)  # as if killed: the parent gets no books
+
+    monkeypatch.setattr(events, "_share_worker", dies)
+    _same(one, events.build_events(run, jobs=3))
+
+
+def test_documents_only_are_read_by_one_reader(tmp_path, share_everything):
+    # a folder of pasted output saved as documents is read as logs; no share decides that alone
+    run = tmp_path / "issue"
+    run.mkdir()
+    (run / "issue.md").write_text(WATCHDOG.format(r=3, s=1))
+    (run / "comment.txt.md").write_text(WATCHDOG.format(r=5, s=2))
+    one = events.build_events(run, jobs=1)
+    many = events.build_events(run, jobs=2)
+    _same(one, many)
+    assert sorted(many.events["rank"].to_list()) == [3, 5]
+
+
+def test_small_runs_and_stdin_are_not_shared(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "cpus", lambda: 8)
+    run = _mixed_folder(tmp_path)
+    assert events._shares(events.roots_of(run), 8) is None  # far below SHARE_MIN_BYTES a share
+    monkeypatch.setattr(events, "SHARE_MIN_BYTES", 1)
+    owner = events._shares(events.roots_of(run), 2)
+    assert owner is not None and sorted(set(owner.values())) == [0, 1]
+    assert list(owner.values()) == sorted(owner.values())  # contiguous in walk order
+    assert events._shares(events.roots_of("-"), 2) is None
+    assert events._shares(events.roots_of(run), 1) is None
+    single = tmp_path / "one.log"
+    shutil.copy(run / "node0" / "rank_1.log", single)
+    assert events._shares(events.roots_of(single), 4) is None  # one entry
