@@ -73,7 +73,7 @@ def _guard(fn, *args, **kwargs):
 
 def _jobs(jobs: int | None) -> int:
     """--jobs, by default the CPUs this process may use."""
-    from ncclforensics.events import cpus
+    from ncclforensics.ingest.shares import cpus
 
     return cpus() if jobs is None else jobs
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
-import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,14 +16,14 @@ from pathlib import Path
 
 import polars as pl
 
-from ncclforensics.errors import NoInputError, UnsafeInputError
-from ncclforensics.ingest import decode
-from ncclforensics.ingest.discover import STDIN_NAME, Root, entry_sizes, roots_of, run_name
+from ncclforensics.errors import UnsafeInputError
+from ncclforensics.ingest import decode, shares
+from ncclforensics.ingest.discover import STDIN_NAME, Root, roots_of, run_name
 from ncclforensics.ingest.items import ChunkRead, Note, RootStart, Skip, SourceEnd, TailRead
 from ncclforensics.ingest.reader import Reader
 from ncclforensics.ingest.table import event_table
 from ncclforensics.model import EVENT_SCHEMA, Skipped
-from ncclforensics.parse.lines import FileContext, LineScanner
+from ncclforensics.parse.lines import KEEP_PROGRESS, FileContext, LineScanner
 from ncclforensics.parse.signatures import load_signatures
 
 
@@ -53,26 +52,26 @@ def build_events(path: str | Path | Sequence[str | Path], *,
     and the line-level Python work on the hits, in file order. Memory stays flat: at most
     READ_AHEAD_BYTES of prepared chunks and BATCH_BYTES of small files (ingest.reader) wait.
 
-    `jobs` > 1: a run of many files, large enough, is read by up to that many processes (CPUs),
-    each reading its share of the files (_shares); the shares' rows join in walk order, so the
-    table is the one a single process makes.
+    `jobs` > 1: a run large enough is read by up to that many processes, each reading its share
+    of the files and of slices of big ones (ingest.shares); the shares' rows join in walk order, so
+    the table is the one a single process makes.
     """
     roots = roots_of(path)
     run = ", ".join(STDIN_NAME if r.path is None else run_name(r.path) for r in roots)
-    owner = _shares(roots, jobs) if jobs > 1 else None
-    if owner is not None:
-        books = _read_shared(roots, run, owner, progress)
+    plan = shares.plan(roots, jobs, SHARE_MIN_BYTES) if jobs > 1 else None
+    if plan is not None:
+        books = _read_shared(roots, run, plan, progress)
         if books is not None:
             return books.finish()
     return _read(roots, run, progress).finish()
 
 
 def _read(roots: list[Root], run: str, progress: Callable[[str, int], None] | None,
-          owned: Callable[[int, int], bool] | None = None) -> _Books:
-    """The sources of `roots` (those `owned`, ingest.reader.Reader) read and booked."""
+          share: shares.Share | None = None) -> _Books:
+    """The sources of `roots` (those of `share`, ingest.reader.Reader) read and booked."""
     books = _Books(IngestResult(run=run, events=pl.DataFrame(schema=EVENT_SCHEMA)))
     scanner = LineScanner(load_signatures())
-    with Reader(roots, scanner, owned) as reader:
+    with Reader(roots, scanner, share) as reader:
         for item in reader:
             match item:
                 case ChunkRead(ctx=ctx, prep=prep, first_line=first_line):
@@ -88,68 +87,34 @@ def _read(roots: list[Root], run: str, progress: Callable[[str, int], None] | No
     return books
 
 
-# A run is shared between processes only when each gets at least this much to read: a process
-# costs ~10-30 ms to fork and its rows a pickle back (bench/README.md, "Several processes").
-SHARE_MIN_BYTES = 48 << 20
+SHARE_MIN_BYTES = shares.SHARE_MIN_BYTES  # tests lower it
 
 
-def _shares(roots: list[Root], jobs: int) -> dict[tuple[int, int], int] | None:
-    """Which process reads each entry (root index, entry index: discover.entry_sizes) of the run:
-    contiguous runs of entries of about equal bytes, one per process; None when one process
-    should read it all (standard input, few or small entries, one CPU)."""
-    if any(r.path is None for r in roots):
-        return None
-    try:
-        entries = [(ri, ei, size) for ri, r in enumerate(roots)
-                   for ei, (size, _) in enumerate(entry_sizes(r.path))]  # type: ignore[arg-type]
-    except (NoInputError, OSError):
-        return None  # the single reader says what is wrong
-    total = sum(size for _, _, size in entries)
-    n = min(jobs, cpus(), len(entries), total // SHARE_MIN_BYTES)
-    if n < 2:
-        return None
-    owner: dict[tuple[int, int], int] = {}
-    done = 0
-    for ri, ei, size in entries:
-        owner[(ri, ei)] = min(n - 1, int((done + size / 2) * n / total))
-        done += size
-    return owner
-
-
-def cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _read_shared(roots: list[Root], run: str, owner: dict[tuple[int, int], int],
+def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
                  progress: Callable[[str, int], None] | None) -> _Books | None:
-    """Read the run in len(set(owner.values())) processes: this one reads share 0, forked ones the
-    others and send their books back. A share whose process fails is read here. None when the
-    shares read no file (the run may be documents only: one reader decides how to read those)."""
-    shares = sorted(set(owner.values()))
+    """Read the run in len(plan) processes: this one reads the first share, forked ones the others
+    and send their books back. A share whose process fails is read here. None when the shares read
+    no file (the run may be documents only: one reader decides how to read those)."""
     try:
         mp = multiprocessing.get_context("fork")
     except ValueError:
         return None  # no fork on this platform
     workers = []
-    for k in shares[1:]:
+    for share in plan[1:]:
         recv, send = mp.Pipe(duplex=False)
-        proc = mp.Process(target=_share_worker, args=(roots, run, owner, k, send), daemon=True,
-                          name=f"ncclforensics-share-{k}")
+        proc = mp.Process(target=_share_worker, args=(roots, run, share, send), daemon=True,
+                          name=f"ncclforensics-share-{share.index}")
         try:
             proc.start()
         except OSError:
             recv.close()
-            workers.append((k, None, None))
+            workers.append((share, None, None))
             continue
         send.close()
-        workers.append((k, proc, recv))
+        workers.append((share, proc, recv))
     try:
-        books = _read(roots, run, progress, _owned_by(owner, 0))
-        for k, proc, recv in workers:
+        books = _read(roots, run, progress, plan[0])
+        for share, proc, recv in workers:
             part = None
             if proc is not None:
                 try:
@@ -159,7 +124,7 @@ def _read_shared(roots: list[Root], run: str, owner: dict[tuple[int, int], int],
                 recv.close()
                 proc.join()
             if not isinstance(part, _Books):
-                part = _read(roots, run, None, _owned_by(owner, k))
+                part = _read(roots, run, None, share)
             books.merge(part, progress)
     finally:
         for _, proc, _ in workers:
@@ -169,15 +134,11 @@ def _read_shared(roots: list[Root], run: str, owner: dict[tuple[int, int], int],
     return books if books.files else None
 
 
-def _owned_by(owner: dict[tuple[int, int], int], k: int) -> Callable[[int, int], bool]:
-    return lambda ri, ei: owner.get((ri, ei)) == k
-
-
-def _share_worker(roots: list[Root], run: str, owner: dict[tuple[int, int], int], k: int, conn) -> None:
-    """A forked process: read share k and send its books (or None when reading failed: the parent
+def _share_worker(roots: list[Root], run: str, share: shares.Share, conn) -> None:
+    """A forked process: read the share and send its books (or None when reading failed: the parent
     then reads the share itself and reports what goes wrong)."""
     try:
-        books = _read(roots, run, None, _owned_by(owner, k))
+        books = _read(roots, run, None, share)
         for ctx in books.files:
             ctx.seen = set()  # needed only while scanning: not worth its pickle
     except BaseException:  # anything: the parent reads the share again
@@ -202,6 +163,7 @@ class _Books:
     mtimes: list[float] = field(default_factory=list)
     skips: dict[tuple[int, bool], list[Skipped]] = field(default_factory=dict)
     root: int = 0
+    parts: dict[str, list[SourceEnd]] = field(default_factory=dict)  # slices of a file, until all are in
 
     def book(self, item: Skip | Note | SourceEnd | RootStart) -> None:
         match item:
@@ -211,8 +173,19 @@ class _Books:
                 self._skip(Skipped(name, reason), doc)
             case Note(text=text):
                 self.result.notes.append(text)
-            case SourceEnd():
+            case SourceEnd(part=None):
                 self._source_done(item)
+            case SourceEnd():
+                self._part_done(item)
+
+    def _part_done(self, end: SourceEnd) -> None:
+        """A slice of a file: the file is booked once all its slices are in (this share's, or with
+        the next shares', merge): where its last slice is, which is where reading it whole books it."""
+        parts = self.parts.setdefault(end.src.name, [])
+        parts.append(end)
+        if len(parts) == end.part[1]:  # type: ignore[index]
+            del self.parts[end.src.name]
+            self._source_done(_joined(sorted(parts, key=lambda e: e.part)))
 
     def _skip(self, skipped: Skipped, doc: bool = False) -> None:
         self.skips.setdefault((self.root, doc), []).append(skipped)
@@ -251,6 +224,10 @@ class _Books:
         res.notes += more.notes
         for key, skipped in other.skips.items():
             self.skips.setdefault(key, []).extend(skipped)
+        # slices of a file cut between this share and the next join this share's first
+        for parts in other.parts.values():
+            for end in parts:
+                self._part_done(end)
         self.files += other.files
         self.mtimes += other.mtimes
         if progress is not None and other.files:
@@ -258,7 +235,38 @@ class _Books:
 
     def finish(self) -> IngestResult:
         """The result, with the event table of every booked file's rows."""
+        for parts in self.parts.values():  # never left over: every share is read (again, here)
+            self._source_done(_joined(sorted(parts, key=lambda e: e.part)))
+        self.parts.clear()
         self.result.skipped = [s for key in sorted(self.skips) for s in self.skips[key]]
         rows = [r for c in self.files for r in c.rows + [p for ps in c.progress.values() for p in ps]]
         self.result.events, self.result.year_source = event_table(rows, self.result.run, self.mtimes)
         return self.result
+
+
+def _joined(parts: list[SourceEnd]) -> SourceEnd:
+    """The slices of one file as one read of it: rows in order, line numbers shifted by the lines of
+    the slices before, each rank's last progress rows; reading stops at the first slice that failed."""
+    first = parts[0]
+    ctx = first.ctx
+    nbytes, error = first.nbytes, first.error
+    offset = ctx.lines
+    for end in parts[1:]:
+        if error is not None:
+            break
+        for row in end.ctx.rows:
+            row["line"] += offset
+        ctx.rows += end.ctx.rows
+        for rank, rows in end.ctx.progress.items():
+            for row in rows:
+                row["line"] += offset
+            mine = ctx.progress.setdefault(rank, [])
+            mine += rows
+            if len(mine) > KEEP_PROGRESS:
+                mine.sort(key=lambda r: r["line"])
+                del mine[:-KEEP_PROGRESS]
+        offset += end.ctx.lines
+        nbytes += end.nbytes
+        error = end.error
+    ctx.lines = offset
+    return SourceEnd(first.src, ctx, nbytes, error)

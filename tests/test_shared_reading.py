@@ -1,21 +1,25 @@
 """A run read by several processes (events.build_events(jobs=N)) gives exactly the table, skips, notes
-and counts that one process gives: each process reads a contiguous share of the walk's entries and the
-shares' books join in walk order. A share whose process dies is read again by the parent."""
+and counts that one process gives: each process reads a contiguous share of the walk's entries, and
+slices of files bigger than a share (ingest.shares), and the shares' books join in walk order. A share
+whose process dies is read again by the parent."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import io
+import itertools
 import os
 import shutil
 import sys
 import tarfile
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from ncclforensics import events
+from ncclforensics.ingest import decode, shares
 from ncclforensics.ingest.discover import entry_sizes, iter_sources
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -29,9 +33,15 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="shares are read
 
 @pytest.fixture
 def share_everything(monkeypatch):
-    """Shares of any size, on any number of CPUs: the small runs of the tests are shared too."""
+    """Shares of any size: the small runs of the tests are shared too."""
     monkeypatch.setattr(events, "SHARE_MIN_BYTES", 1)
-    monkeypatch.setattr(events, "cpus", lambda: 8)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 32 KiB (and a 4 KiB head): a file of a few hundred KiB is cut into slices."""
+    monkeypatch.setattr(decode, "CHUNK_SIZE", 32 << 10)
+    monkeypatch.setattr(decode, "HEAD_SIZE", 4 << 10)
 
 
 def _same(one: events.IngestResult, many: events.IngestResult) -> None:
@@ -72,12 +82,13 @@ def _mixed_folder(tmp: Path) -> Path:
 def test_entries_number_what_the_walk_yields(tmp_path):
     run = _mixed_folder(tmp_path)
     sizes = entry_sizes(run)
-    every = [s.name for s in iter_sources(run)]
-    by_entry = [[s.name for s in iter_sources(run, lambda i, k=k: i == k)] for k in range(len(sizes))]
+    every = [(s.name, s.entry) for s in iter_sources(run)]
+    by_entry = [[(s.name, s.entry) for s in iter_sources(run, lambda i, k=k: i == k)] for k in range(len(sizes))]
     assert [n for names in by_entry for n in names] == every  # each source in exactly one entry, in order
-    archive = [k for k, (_, is_archive) in enumerate(sizes) if is_archive]
-    assert len(archive) == 1 and by_entry[archive[0]] == ["node1/more.tar.gz!logs/rank_10.log",
-                                                          "node1/more.tar.gz!logs/rank_11.log"]
+    assert all(entry == k for k, names in enumerate(by_entry) for _, entry in names)
+    archive = [k for k, (_, full) in enumerate(sizes) if full is not None and full.name.endswith(".tar.gz")]
+    assert len(archive) == 1 and [n for n, _ in by_entry[archive[0]]] == ["node1/more.tar.gz!logs/rank_10.log",
+                                                                          "node1/more.tar.gz!logs/rank_11.log"]
     assert sum(size for size, _ in sizes) == sum(
         p.stat().st_size for p in run.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -139,16 +150,79 @@ def test_documents_only_are_read_by_one_reader(tmp_path, share_everything):
     assert sorted(many.events["rank"].to_list()) == [3, 5]
 
 
-def test_small_runs_and_stdin_are_not_shared(tmp_path, monkeypatch):
-    monkeypatch.setattr(events, "cpus", lambda: 8)
+def test_small_runs_and_stdin_are_not_shared(tmp_path):
     run = _mixed_folder(tmp_path)
-    assert events._shares(events.roots_of(run), 8) is None  # far below SHARE_MIN_BYTES a share
-    monkeypatch.setattr(events, "SHARE_MIN_BYTES", 1)
-    owner = events._shares(events.roots_of(run), 2)
-    assert owner is not None and sorted(set(owner.values())) == [0, 1]
-    assert list(owner.values()) == sorted(owner.values())  # contiguous in walk order
-    assert events._shares(events.roots_of("-"), 2) is None
-    assert events._shares(events.roots_of(run), 1) is None
+    roots = events.roots_of(run)
+    assert shares.plan(roots, 8) is None  # far below SHARE_MIN_BYTES a share
+    plan = shares.plan(roots, 2, min_bytes=1)
+    assert plan is not None and len(plan) == 2 and not any(sh.slices for sh in plan)
+    first, second = (sorted(sh.whole) for sh in plan)
+    assert first and second and max(first) < min(second)  # contiguous in walk order
+    assert shares.plan(events.roots_of("-"), 2, min_bytes=1) is None
+    assert shares.plan(roots, 1, min_bytes=1) is None
     single = tmp_path / "one.log"
     shutil.copy(run / "node0" / "rank_1.log", single)
-    assert events._shares(events.roots_of(single), 4) is None  # one entry
+    assert shares.plan(events.roots_of(single), 4, min_bytes=1) is None  # one small file: not cut
+
+
+def _console(tmp: Path, ranks: int = 8, steps: int = 900) -> Path:
+    """One interleaved console of a few hundred KiB: progress lines, an init line per rank, a
+    traceback in the middle and watchdog timeouts at the end."""
+    out = []
+    for r in range(ranks):
+        out.append(f"[default{r}]:[rank{r}]: NCCL INFO ncclCommInitRank comm 0x55d{r:03x} rank {r} nranks {ranks} "
+                   f"cudaDev {r} busId {r + 1}0000 - Init COMPLETE\n")
+    for i in range(steps):
+        for r in range(ranks):
+            out.append(f"[default{r}]:[rank{r}]: step {i} loss {2 + (i * 7 + r) % 100 / 100:.2f}\n")
+        if i == steps // 2:
+            out.append("[default3]:Traceback (most recent call last):\n"
+                       '[default3]:  File "/srv/train.py", line 88, in <module>\n'
+                       "[default3]:    main()\n"
+                       "[default3]:ValueError: a warning the job survived\n")
+    for r in range(ranks):
+        if r != 5:
+            out.append(WATCHDOG.format(r=r, s=r).replace(f"[rank{r}]:", f"[default{r}]:[rank{r}]:", 1))
+    path = tmp / "console.log"
+    path.write_text("".join(out))
+    return path
+
+
+@pytest.mark.parametrize("jobs", [2, 3, 4])
+def test_a_big_file_is_cut_into_slices(tmp_path, share_everything, small_chunks, jobs):
+    path = _console(tmp_path)
+    assert path.stat().st_size > 6 * decode.CHUNK_SIZE
+    plan = shares.plan(events.roots_of(path), jobs, min_bytes=1)
+    assert plan is not None and len(plan) == jobs
+    cuts = sorted((sl for sh in plan for sls in sh.slices.values() for sl in sls), key=lambda sl: sl.k)
+    assert [sl.k for sl in cuts] == list(range(jobs)) and all(sl.n == jobs for sl in cuts)
+    data = path.read_bytes()
+    for a, b in itertools.pairwise(cuts):
+        assert data[b.start - 1 : b.start] == b"\n"  # every slice starts a line
+        assert a.end == b.grid
+    one = events.build_events(path, jobs=1)
+    many = events.build_events(path, jobs=jobs)
+    _same(one, many)
+    assert many.lines == data.count(b"\n")
+    assert sorted(many.events.filter(pl.col("kind") == "step_progress")["rank"].to_list()) == sorted(
+        [r for r in range(8) for _ in range(2)])
+
+
+def test_a_folder_with_one_big_console_beside_small_files(tmp_path, share_everything, small_chunks):
+    run = _mixed_folder(tmp_path)
+    _console(run / "node1")
+    _same(events.build_events(run, jobs=1), events.build_events(run, jobs=3))
+
+
+def test_files_that_are_not_cut(tmp_path, small_chunks):
+    path = _console(tmp_path)
+    for name, data in [("console.log.gz", gzip.compress(path.read_bytes())),
+                       ("utf16.log", path.read_text().encode("utf-16")),
+                       ("cr.log", path.read_bytes().replace(b"\n", b"\r")),
+                       ("lines.json", path.read_bytes())]:
+        other = tmp_path / "other" / name
+        other.parent.mkdir(exist_ok=True)
+        other.write_bytes(data)
+        plan = shares.plan(events.roots_of(other), 4, min_bytes=1)
+        assert plan is None, name
+        other.unlink()

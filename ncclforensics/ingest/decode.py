@@ -59,13 +59,20 @@ def decode_bytes(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int | None = None, *,
+                keep_tail: bool = True) -> Iterator[bytes]:
     """Byte chunks of `head` + the rest of `stream`, each ending on a line boundary (NULs removed).
+    `keep_tail=False` drops what follows the last newline (a slice of a file: the next slice's).
+
+    Chunks are cut by position: chunk i ends after the last newline before the i-th read's end
+    (len(head) + i * chunk_size bytes into the stream), whatever came before; so a slice of a file
+    read from one of those cuts (ingest.shares) gets the chunks a reading of the whole file gets.
 
     Text stays bytes on the bulk path: polars validates UTF-8 ~20x faster than bytes.decode, and only
     the few blocks with candidate lines are decoded in Python. A line longer than `chunk_size` is cut:
     the chunk then does not end with a newline and the next chunk continues that line.
     """
+    chunk_size = chunk_size or CHUNK_SIZE
     carry = head
     while True:
         if len(carry) >= chunk_size:  # a full chunk in hand (the caller's first read)
@@ -78,7 +85,7 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int = CHUNK_SIZE) -> 
                     yield clean(carry)
                 raise
             if not data:
-                if carry:
+                if carry and keep_tail:
                     yield clean(carry)
                 return
             buf = carry + data if carry else data

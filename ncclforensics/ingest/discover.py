@@ -26,6 +26,7 @@ class Source:
     size: int | None
     mtime: float | None
     skipped: str | None = None  # reason, when the source cannot be read
+    entry: int = 0  # the walk's entry it belongs to (iter_sources: an archive's members share one)
 
     def __post_init__(self) -> None:
         self.name = display_name(self.name)
@@ -132,20 +133,23 @@ def iter_sources(path: str | os.PathLike | None, owned: Owned | None = None) -> 
     root = Path(path)
     st = _stat(root)
     if stat.S_ISDIR(st.st_mode):
-        for _, opened in _walk(root, owned):
-            yield from opened()
+        for index, _, opened in _walk(root, owned):
+            for src in opened():
+                src.entry = index
+                yield src
     elif owned is None or owned(0):
         yield from _open_file(root, root.name, st, is_root=True)
 
 
-def entry_sizes(path: str | os.PathLike) -> list[tuple[int, bool]]:
-    """(bytes, whether an archive) of each entry iter_sources(path, owned) numbers, in that order,
-    without opening any file (a folder's walk; a file is one entry). Raises NoInputError."""
+def entry_sizes(path: str | os.PathLike) -> list[tuple[int, Path | None]]:
+    """(bytes, the file) of each entry iter_sources(path, owned) numbers, in that order, without
+    opening any file (a folder's walk; a file is one entry; an entry that is no regular file has
+    0 bytes and no path). Raises NoInputError."""
     root = Path(path)
     st = _stat(root)
     if not stat.S_ISDIR(st.st_mode):
-        return [(st.st_size, archive.is_archive(root.name))]
-    return [(size, arch) for (size, arch), _ in _walk(root, lambda _i: False)]
+        return [(st.st_size, root)]
+    return [entry for _, entry, _ in _walk(root, lambda _i: False)]
 
 
 def _stat(path: Path) -> os.stat_result:
@@ -157,23 +161,23 @@ def _stat(path: Path) -> os.stat_result:
         raise NoInputError(f"cannot read {display_name(str(path))}: {exc.strerror or exc}") from None
 
 
-Entry = tuple[tuple[int, bool], Callable[[], Iterator[Source]]]
+Entry = tuple[int, tuple[int, Path | None], Callable[[], Iterator[Source]]]
 
 
 def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
-    """The folder's entries in walk order: ((bytes, whether an archive), the entry's sources when
+    """The folder's entries in walk order: (index, (bytes, the file), the entry's sources when
     opened); an entry that `owned` refuses opens to nothing."""
     real_root = os.path.realpath(root)
     seen_dirs: set[tuple[int, int]] = set()
     count = 0
     index = -1
 
-    def entry(size: int, arch: bool, sources: Callable[[], Iterator[Source]]) -> Entry:
+    def entry(size: int, full: Path | None, sources: Callable[[], Iterator[Source]]) -> Entry:
         nonlocal index
         index += 1
         if owned is not None and not owned(index):
-            return (size, arch), lambda: iter(())
-        return (size, arch), sources
+            return index, (size, full), lambda: iter(())
+        return index, (size, full), sources
 
     def one(src: Source) -> Callable[[], Iterator[Source]]:
         return lambda: iter((src,))
@@ -194,32 +198,31 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
         for dname in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             dirnames.remove(dname)
             rel = (Path(dirpath) / dname).relative_to(root).as_posix()
-            yield entry(0, False, one(Source(rel, None, None, None, "symlink to a folder (not followed)")))
+            yield entry(0, None, one(Source(rel, None, None, None, "symlink to a folder (not followed)")))
         for fname in sorted(filenames):
             full = Path(dirpath) / fname
             rel = full.relative_to(root).as_posix()
             count += 1
             if count > MAX_FILES:
-                yield entry(0, False, one(Source(rel, None, None, None,
+                yield entry(0, None, one(Source(rel, None, None, None,
                                                  f"more than {MAX_FILES} files; the rest were not read")))
                 return
             try:
                 if full.is_symlink():
                     target = os.path.realpath(full)
                     if not (target == real_root or target.startswith(real_root + os.sep)):
-                        yield entry(0, False, one(Source(rel, None, None, None,
+                        yield entry(0, None, one(Source(rel, None, None, None,
                                                          "symlink pointing outside the given folder (not followed)")))
                         continue
                 st = full.stat()
             except OSError as exc:
                 why = "symlink not followed" if os.path.islink(full) else "unreadable"
-                yield entry(0, False, one(Source(rel, None, None, None, f"{why} ({exc.strerror or exc})")))
+                yield entry(0, None, one(Source(rel, None, None, None, f"{why} ({exc.strerror or exc})")))
                 continue
             if not stat.S_ISREG(st.st_mode):
-                yield entry(0, False, one(Source(rel, None, None, None, "not a regular file")))
+                yield entry(0, None, one(Source(rel, None, None, None, "not a regular file")))
                 continue
-            yield entry(st.st_size, archive.is_archive(fname),
-                        lambda full=full, rel=rel, st=st: _open_file(full, rel, st))
+            yield entry(st.st_size, full, lambda full=full, rel=rel, st=st: _open_file(full, rel, st))
 
 
 def _open_file(full: Path, rel: str, st: os.stat_result, *, is_root: bool = False) -> Iterator[Source]:

@@ -14,6 +14,7 @@ from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.discover import Source
 from ncclforensics.ingest.items import ChunkRead, Item, TailRead
+from ncclforensics.ingest.shares import Slice
 from ncclforensics.parse import flight_recorder
 from ncclforensics.parse.lines import TAIL_CHARS, FileContext, LineScanner
 from ncclforensics.parse.torchrun_error import error_file_rows, is_error_file
@@ -92,6 +93,49 @@ def read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, d
         put(tail_of(last, before_last, line_no))  # the scanner's thread checks it (balance)
     stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
     return nbytes
+
+
+def read_slice(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, sl: Slice) -> int:
+    """Read one slice of a plain text file (ingest.shares): its chunks as ChunkRead items with lines
+    numbered from 1, and the file's tail when it is the last slice; returns the bytes read."""
+    stream = src.stream
+    stream.seek(sl.start)
+    head = stream.read(sl.grid - sl.start)
+    rest = stream if sl.end is None else _Capped(stream, sl.end - sl.grid)
+    chunks = decode.iter_chunks(rest, head, keep_tail=sl.end is None)
+    nbytes = 0
+    line_no = 1
+    before_last = b""
+    last: ChunkRead | None = None
+    try:
+        for data in chunks:
+            nbytes += len(data)
+            prep = scanner.prepare_chunk(data)
+            if last is not None:
+                before_last = last.prep.data[-TAIL_CHARS:]
+            last = ChunkRead(ctx, prep, line_no)
+            put(last)
+            line_no += prep.newlines
+    finally:
+        ctx.lines = line_no - 1 + (1 if last is not None and not last.prep.data.endswith(b"\n") else 0)
+    if last is not None and sl.end is None:
+        put(tail_of(last, before_last, line_no))
+    return nbytes
+
+
+class _Capped:
+    """The next `left` bytes of a stream."""
+
+    def __init__(self, stream, left: int) -> None:
+        self._stream = stream
+        self._left = left
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        data = self._stream.read(self._left if n < 0 else min(n, self._left))
+        self._left -= len(data)
+        return data
 
 
 def tail_of(last: ChunkRead, before_last: bytes, next_line: int) -> TailRead:

@@ -58,12 +58,14 @@ class TailRead:
 
 @dataclass(frozen=True, slots=True)
 class SourceEnd:
-    """A source read to its end, or to the error that stopped it (`error`)."""
+    """A source read to its end, or to the error that stopped it (`error`); `part`: (k, n) when this
+    was the k-th of n slices of a file (ingest.shares), whose rows number lines from 1."""
 
     src: Source
     ctx: FileContext
     nbytes: int
     error: BaseException | None
+    part: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.attribution import path_hints
 from ncclforensics.ingest.discover import Root, Source, iter_sources
 from ncclforensics.ingest.filekinds import DOC_SUFFIXES, NOT_A_LOG, NOT_LOG_SUFFIXES
-from ncclforensics.ingest.formats import read_source
+from ncclforensics.ingest.formats import read_slice, read_source
 from ncclforensics.ingest.items import ChunkRead, Fatal, Item, Note, RootStart, Skip, SourceEnd, TailRead
+from ncclforensics.ingest.shares import Share, Slice
 from ncclforensics.parse.lines import FileContext, LineScanner
 
 # Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
@@ -43,14 +44,14 @@ class Reader:
     """Iterate over it in the scanner thread (inside `with`): the items of every source under `roots`.
     An exception outside any one file ends the walk and is raised again in the scanner thread."""
 
-    def __init__(self, roots: list[Root], scanner: LineScanner,
-                 owned: Callable[[int, int], bool] | None = None) -> None:
-        """`owned(root index, entry index)`: whether this reader reads that entry of a root
-        (discover.iter_sources), when several processes share a run's files (events.build_events);
-        such a reader reads no document as a log (a share may hold only documents)."""
+    def __init__(self, roots: list[Root], scanner: LineScanner, share: Share | None = None) -> None:
+        """`share`: what this reader reads when several processes share a run (ingest.shares,
+        events.build_events): whole entries and slices of files; such a reader reads no document as
+        a log (a share may hold only documents)."""
         self.roots = roots
         self.scanner = scanner
-        self.owned = owned
+        self.share = share
+        self.root_index = 0
         self.queue = BytesQueue(READ_AHEAD_BYTES)  # sized by the prepared chunks' bytes
         self.pending: list[SourceEnd] = []  # small files read whole, waiting for one shared prefilter query
         self.pending_data: list[bytes] = []
@@ -104,8 +105,9 @@ class Reader:
     def _run(self) -> None:
         try:
             for i, root in enumerate(self.roots):
+                self.root_index = i
                 self._put(RootStart(i))
-                self._walk(root, None if self.owned is None else functools.partial(self.owned, i))
+                self._walk(root, None if self.share is None else functools.partial(self.share.owns, i))
             self._put(_Done())
         except _Stopped:
             return
@@ -150,6 +152,11 @@ class Reader:
         if src.skipped:
             self._put(Skip(src.name, src.skipped))
             return False
+        slices = None if self.share is None else self.share.slices_of(self.root_index, src.entry)
+        if slices:
+            for sl in slices:
+                self._slice(src, sl)
+            return True
         ctx = path_hints(src.name)
         nbytes, exc = 0, None
         try:
@@ -160,3 +167,12 @@ class Reader:
             return True
         self._put(SourceEnd(src, ctx, nbytes, exc))
         return nbytes > 0 and exc is None
+
+    def _slice(self, src: Source, sl: Slice) -> None:
+        ctx = path_hints(src.name)
+        nbytes, exc = 0, None
+        try:
+            nbytes = read_slice(src, ctx, self.scanner, self._put, sl)
+        except (UnsafeInputError, OSError) as err:
+            exc = err
+        self._put(SourceEnd(src, ctx, nbytes, exc, (sl.k, sl.n)))
