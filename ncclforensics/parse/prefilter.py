@@ -8,10 +8,15 @@ lies inside one line and one block (blocks end just after a newline: lines._bloc
 
 from __future__ import annotations
 
+import hashlib
+import platform
 import re
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+
+from ncclforensics.atomic import atomic_write
+from ncclforensics.diskcache import cache_dir
 
 try:  # pragma: no cover - which branch runs depends on the platform
     import hyperscan as _hs
@@ -55,19 +60,14 @@ class LiteralSet:
         self._rx_group_of = [g for g, _ in rx_list]
         self._rx_py = [(g, re.compile(p.encode(), re.M)) for g, p in rx_list]
         if use and rx_list:
-            self._rx_db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            self._rx_db.compile(expressions=[p.encode() for _, p in rx_list], ids=list(range(len(rx_list))),
-                                elements=len(rx_list), flags=_hs.HS_FLAG_MULTILINE)
+            self._rx_db = _database([p.encode() for _, p in rx_list], _hs.HS_FLAG_MULTILINE, literal=False)
         if not lits:
             self._any_rx = None
             self._group_rx = []
             return
         if use:
-            self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            self._db.compile(expressions=lits, ids=list(range(len(lits))), elements=len(lits), flags=0, literal=True)
-            self._db_first = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            self._db_first.compile(expressions=lits, ids=list(range(len(lits))), elements=len(lits),
-                                   flags=_hs.HS_FLAG_SINGLEMATCH, literal=True)
+            self._db = _database(lits, 0, literal=True)
+            self._db_first = _database(lits, _hs.HS_FLAG_SINGLEMATCH, literal=True)
         else:
             alt = b"|".join(re.escape(x) for x in sorted(lits, key=len, reverse=True))
             self._any_rx = re.compile(alt)
@@ -203,6 +203,28 @@ class LiteralSet:
                 yield newlines - after, data[line_start:line_end].decode("utf-8", "replace")
             end = start
             window *= 2
+
+
+def _database(expressions: list[bytes], flags: int, *, literal: bool) -> object:
+    """A Hyperscan block-mode database of `expressions` (ids = their indices). Compiled databases are
+    kept in the user's cache folder (serialized: loading one takes ~1 ms, compiling the prefilter's
+    ~20 ms each: bench/README.md, "Start-up"); one that does not load (another CPU, another Hyperscan)
+    is compiled again."""
+    key = hashlib.sha256(repr((_hs.__version__, platform.machine(), flags, literal, expressions)).encode())
+    path = cache_dir() / "hyperscan" / f"{key.hexdigest()[:24]}.db"
+    try:
+        return _hs.loadb(path.read_bytes(), _hs.HS_MODE_BLOCK)
+    except (OSError, _hs.error):
+        pass
+    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    db.compile(expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags,
+               literal=literal)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, _hs.dumpb(db))
+    except (OSError, _hs.error):
+        pass  # a read-only home: compile again next time
+    return db
 
 
 def _line_indices(data: bytes, a: int, ends: list[int]) -> list[int]:
