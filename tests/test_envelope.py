@@ -303,3 +303,30 @@ def test_yearless_stamps_take_the_nearest_year(month: int, day: int, ref: dt.dat
     from ncclforensics.ingest.table import nearest_year
 
     assert nearest_year(dt.datetime(UNKNOWN_YEAR, month, day, 12, 0), ref).year == year
+
+
+@pytest.mark.parametrize(("line", "body"), [
+    # pdsh prefixes every remote line, also one that starts with spaces (FORMATS.md §18.5)
+    ("gpu-c07:   what():  [Rank 4] Watchdog caught collective operation timeout", "  what():  [Rank 4] Watchdog"),
+    ('trainer-3:   File "/opt/app/train.py", line 41, in step', '  File "/opt/app/train.py", line 41, in step'),
+])
+def test_pdsh_prefix_before_an_indented_line(line: str, body: str) -> None:
+    env = peel(line)
+    assert env.host == line.split(":", 1)[0]
+    assert env.body.startswith(body)
+
+
+@pytest.mark.parametrize("line", ["gpu-c07: ", "ValueError:   bad shape", "node3:"])
+def test_no_pdsh_prefix_without_a_message(line: str) -> None:
+    assert peel(line).host is None
+
+
+def test_kubectl_prefix_names_the_pod() -> None:
+    # `kubectl logs --prefix` (kubectl pkg/cmd/logs/logs.go): `[pod/<pod>/<container>] ` before each line
+    env = peel("[pod/llm-sft-worker-3/pytorch] [rank13]: RuntimeError: CUDA error: an illegal memory access")
+    assert (env.host, env.rank) == ("llm-sft-worker-3", 13)
+    assert env.body.startswith("RuntimeError: CUDA error")
+    assert env.key.startswith("[pod/llm-sft-worker-3/pytorch] ")
+    stamped = peel("[pod/llm-sft-master-0/trainer] 2025-02-03T11:20:05.118204Z NCCL WARN x")
+    assert stamped.host == "llm-sft-master-0" and stamped.ts is not None and stamped.ts.year == 2025
+    assert peel("[pod/Not_A_Pod/x] text").host is None  # pod names are lower-case DNS names

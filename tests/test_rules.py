@@ -154,3 +154,34 @@ def test_evidence_lists_a_line_once():
             dict(row, file="r2.out", line=6, kind="watchdog_exception", rank=2, text="y", detail="c")]
     ctx = Context.build(pl.DataFrame(rows, schema=EVENT_SCHEMA))
     assert [(r["file"], r["line"]) for r in ctx.evidence_rows(rows)] == [("r2.out", 4), ("r2.out", 6)]
+
+
+def _finding(cls: str, conf: float, ts, yields: tuple[str, ...], rule: str):
+    from ncclforensics.model import Finding, RootCause
+
+    return Finding(root_cause=RootCause(cls), rule=rule, title=rule, message="", confidence=conf, ts=ts,
+                   yields_to=yields)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_two_findings_that_explain_each_other_leave_one_root(swap):
+    """A save that never ended and a rank that died each explain the other: at equal confidence the
+    earlier stays the root (never both cascades, which would leave the run `unknown`)."""
+    import datetime as dt
+
+    from ncclforensics.model import Role
+    from ncclforensics.rules.engine import order
+
+    t = dt.datetime(2026, 3, 2, 4, 0)
+    save = _finding("checkpoint_save", 0.9, t, ("rank_crash",), "CKx")
+    crash = _finding("rank_crash", 0.9, t + dt.timedelta(seconds=30), ("checkpoint_save",), "RCx")
+    findings = [crash, save] if swap else [save, crash]
+    assert order(findings) is save
+    assert (save.role, crash.role) == (Role.ROOT, Role.CASCADE)
+    # without times, the rule order decides; a more credible finding always stays
+    a = _finding("checkpoint_save", 0.9, None, ("rank_crash",), "CKy")
+    b = _finding("rank_crash", 0.9, None, ("checkpoint_save",), "RCy")
+    assert order([b, a]) is b and a.role is Role.CASCADE
+    c = _finding("checkpoint_save", 0.8, t, ("rank_crash",), "CKz")
+    d = _finding("rank_crash", 0.9, t, ("checkpoint_save",), "RCz")
+    assert order([c, d]) is d and c.role is Role.CASCADE

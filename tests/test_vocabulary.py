@@ -14,6 +14,7 @@ import ncclforensics
 from ncclforensics.events import build_events
 from ncclforensics.ingest.envelope import ANSI, peel_all
 from ncclforensics.model import EVENT_SCHEMA, RootCause
+from ncclforensics.parse.lines import FileContext, emit_row
 from ncclforensics.parse.signatures import SIGNATURES_DIR, load_signatures
 from ncclforensics.report.timeline import BOOKKEEPING, CATEGORIES
 from ncclforensics.vocabulary import EvidenceRole, Strength, VocabularyError, load_vocabulary, vocabulary
@@ -60,11 +61,12 @@ def _sample_rows():
                 if fields is not None:
                     break
             assert fields is not None, (sig.path, sample["line"])
-            row = {k: v for k, v in fields.items() if k in EVENT_SCHEMA}
-            extra = {k: v for k, v in fields.items() if k not in EVENT_SCHEMA}
-            import json
-
-            row.update(kind=event, text=sample["line"], extra=json.dumps(extra))
+            # the row as the scanner makes it: typed fields, and what the envelope says, in `extra`
+            ctx = FileContext(name="f")
+            emit_row(ctx, sig.source, event, fields, env, 1, sample["line"])
+            made = ctx.rows[0] if ctx.rows else next(iter(ctx.progress.values()))[0]
+            row = {k: v for k, v in made.items() if k in EVENT_SCHEMA and k not in ("file", "line")}
+            row.setdefault("extra", "{}")
             yield pytest.param(sig, sample, row, id=f"{event}:{sample['line'][:40]}")
 
 

@@ -40,6 +40,9 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
         r"\[(?:(?P<job>[^,\[\]]{1,64}),(?P<mr>\d+)|(?P<mts>[^\[\]]{1,40}))\]<(?:stdout|stderr|stddiag)>: ?")),
     # Ray `(RayWorkerWrapper pid=61833, ip=10.42.7.19) `; tasks print `(pid=61833) `
     ("ray", re.compile(r"\((?:(?P<actor>[\w.]+) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\w.:\-]+))?\) ")),
+    # `kubectl logs --prefix` (kubectl pkg/cmd/logs/logs.go, addPrefixIfNeeded): `[pod/<pod>/<container>] `
+    # before every line; a pod of a PyTorchJob or JobSet is one node of the run (its host)
+    ("kubectl", re.compile(r"\[pod/(?P<pod>[a-z0-9][a-z0-9.\-]{0,252})/(?P<ctr>[a-z0-9][a-z0-9\-]{0,62})\] ?")),
     # dmesg raw `[ 912734.602118] `
     ("uptime", re.compile(r"\[ *(?P<up>\d+\.\d{3,9})\] ")),
     # dmesg -H / --reltime (util-linux dmesg.c): `[Jun10 03:17] ` when the minute changes, else the
@@ -62,7 +65,7 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     # syslog / journal `Jun 10 03:17:42 gpu-q17 kernel: `
     ("syslog", re.compile(
         r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
-        r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d{1,6})? (?P<host>[\w.\-]+) (?:kernel|[\w.\-]+(?:\[\d+\])?): ")),
+        r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d{1,6})? (?P<host>[\w.\-]+) (?P<tag>kernel|[\w.\-]+(?:\[\d+\])?): ")),
     # journalctl -o short-iso / rsyslog RFC 3339: the ISO stamp peels first, then `gpu-q17 kernel: `
     ("kernhost", re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]{0,253}) kernel: ")),
     # /dev/kmsg `4,88213,912734602118,-;` (prio is facility*8+level; newer kernels add `,caller=T12`)
@@ -72,9 +75,10 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     ("dslog", re.compile(
         r"\[(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL)\] \[[\w.\-]+\.py:\d+:(?P<fn>\w+)\] "
         r"(?:\[Rank (?P<dsr>-?\d+)\] )?")),
-    # pdsh `<host>: ` before every remote line of a multi-node DeepSpeed run (§18.5); a host name
-    # here starts lower-case and holds a digit (`gpu-a12`, `trainer-2`), unlike `RuntimeError: `
-    ("pdsh", re.compile(r"(?P<host>[a-z][a-z0-9\-]{0,40}\d[a-z0-9\-]{0,20}(?:\.[a-z0-9\-]{1,40}){0,5}): (?=\S)")),
+    # pdsh `<host>: ` before every remote line of a multi-node DeepSpeed run (§18.5), also before one
+    # that starts with spaces (a traceback frame, C++'s `  what():  `); a host name here starts
+    # lower-case and holds a digit (`gpu-a12`, `trainer-2`), unlike `RuntimeError: `
+    ("pdsh", re.compile(r"(?P<host>[a-z][a-z0-9\-]{0,40}\d[a-z0-9\-]{0,20}(?:\.[a-z0-9\-]{1,40}){0,5}): (?= *\S)")),
     # srun --label ` 7: ` / `P1 7: `; the line after it may start with spaces (traceback frames)
     ("srun", re.compile(r"(?:P\d+ +)? *(?P<task>\d{1,6}): (?=[^\n])")),
     # app formats: `- train - INFO - `, `INFO `, `INFO: `, `[Rank 0/4] `, `[rank 0] `, `[rank1] `
@@ -120,7 +124,7 @@ _GLUED = re.compile(
 # What a later piece of one physical line (after a CR or a glued envelope) takes over from the
 # piece before it when it has no value of its own: the same writer produced both.
 _INHERITED = ("host", "pid", "ts", "task", "rank", "local_rank", "world")
-_LAUNCHERS = ("tee", "mpi", "ray", "srun", "hostrank", "pdsh")
+_LAUNCHERS = ("tee", "mpi", "ray", "kubectl", "srun", "hostrank", "pdsh")
 
 PID_MAX = 4_194_304  # above this, a pylog number is a thread id (torch 2.3-2.4), not a pid
 AGENT_PATHS = ("torch/distributed/run.py", "torch/distributed/elastic", "torch/distributed/launcher")
@@ -133,6 +137,7 @@ class Envelope:
         "agent",
         "body",
         "host",
+        "kernel",
         "key",
         "local_rank",
         "nccl_dev",
@@ -161,6 +166,7 @@ class Envelope:
         self.outer = ""  # the launcher part of `key` (srun, MPI, Ray, tee, host:rank), no rank prefix
         self.uptime: float | None = None
         self.nccl_dev: int | None = None
+        self.kernel = False  # a kernel log's stamp (dmesg, kmsg, journal `kernel:`): the kernel's own line
 
 
 def _mmdd(mmdd: str, hms: str, frac_us: int = 0) -> dt.datetime | None:
@@ -277,6 +283,10 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
     elif name == "ray":
         env.pid = env.pid or int(g("pid"))
         env.host = env.host or g("ip")
+    elif name == "kubectl":
+        if key_started(env) or env.ts is not None:
+            return False  # kubectl's prefix comes first on the line
+        env.host = env.host or g("pod")
     elif name == "uptime":
         env.uptime = float(g("up"))
     elif name == "reltime":
@@ -295,6 +305,7 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
         if env.ts is None:
             env.ts = _mmdd(f"{_MONTHS[g('mon')]}{int(g('day')):02d}", g("hms"))
         env.host = env.host or g("host")
+        env.kernel = env.kernel or g("tag") == "kernel"
     elif name == "kernhost":
         if env.ts is None or env.host is not None:
             return False  # only right after a syslog-style ISO stamp
@@ -325,7 +336,14 @@ def _apply(env: Envelope, name: str, m: re.Match[str]) -> bool:
             env.rank = int(g("ar") or g("ar2"))
         if g("aw"):
             env.world = int(g("aw"))
+    if name in _KERNEL_STAMPS or (name == "facility" and m.group(0).startswith("kern")):
+        env.kernel = True
     return True
+
+
+# the kernel's own stamps (util-linux dmesg.c: raw, -H/--reltime, -T, --decode; /dev/kmsg; journal `kernel:`,
+# FORMATS.md §1.9, §12): a line behind one is the kernel's, never a Python exception
+_KERNEL_STAMPS = frozenset({"uptime", "reltime", "reldelta", "ctime", "kernhost", "kmsg"})
 
 
 def key_started(env: Envelope) -> bool:

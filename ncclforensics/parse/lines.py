@@ -428,6 +428,8 @@ def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelo
         extra["world_size"] = env.world
     if env.uptime is not None:
         extra["uptime"] = env.uptime
+    if env.kernel:
+        extra["kernel"] = True
     if env.nccl_dev is not None:
         extra["cuda_dev"] = env.nccl_dev
     if env.agent:

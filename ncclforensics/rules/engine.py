@@ -125,8 +125,8 @@ def order(findings: list[Finding]) -> Finding | None:
             for g in by_class.get(cls, []):
                 if g is f or g.confidence < CREDIBLE * f.confidence:
                     continue  # a far weaker finding explains nothing
-                if f.root_cause.value in g.yields_to and g.confidence < f.confidence:
-                    continue  # each would explain the other: the stronger stays
+                if f.root_cause.value in g.yields_to and _stays(f, g, findings):
+                    continue  # each would explain the other: the stronger (else the earlier) stays
                 if f.ts is None or g.ts is None or g.ts <= f.ts + CASCADE_SLACK:
                     f.role = Role.CASCADE
                     break
@@ -145,6 +145,19 @@ def order(findings: list[Finding]) -> Finding | None:
     for f in live:
         f.role = Role.ROOT if f is root else Role.CONTEXT
     return root
+
+
+def _stays(f: Finding, g: Finding, findings: list[Finding]) -> bool:
+    """Of two findings that would each explain the other, whether f is the one that stays: the more
+    credible; at equal confidence the earlier (by time, else by rule order). Exactly one stays: two
+    cascades of each other would leave the run without a root."""
+    if f.confidence != g.confidence:
+        return f.confidence > g.confidence
+    if f.ts is not None and g.ts is not None and f.ts != g.ts:
+        return f.ts < g.ts
+    if (f.ts is None) != (g.ts is None):
+        return f.ts is not None  # a finding placed in time is the better account of the order
+    return findings.index(f) < findings.index(g)
 
 
 def unknown_finding(ctx: Context) -> Finding:
