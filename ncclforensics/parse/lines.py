@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ncclforensics.ingest.envelope import ANSI, ENVELOPE_CHARS, ENVELOPE_STARTS, Envelope, peel, peel_all, plain
@@ -21,6 +21,8 @@ KEEP_PROGRESS = 2  # step_progress rows kept per file and rank (the last ones): 
 TAIL_CHARS = 1 << 20  # a file's last characters, where weak signatures always run
 TAIL_PER_WRITER = 3  # weak-signature lines kept per rank from the tail (its last news)
 TAIL_QUIET = 64  # stop walking back after this many tail hits in a row from known writers
+WRAP_MIN = 72  # a matched line this long may have been hard-wrapped by a terminal (_rewrapped)
+MAX_MATCH_JOIN = 4000  # characters a hard-wrapped line is joined up to
 ESC = "\x1b"
 
 
@@ -308,7 +310,11 @@ class LineScanner:
                     continue
                 found = self.sigset.match_all(body)
                 if not found and lines.has(i + 1):
-                    found, body = self._rejoin(lines, i, body)
+                    found, joined = self._rejoin(lines, i, body)
+                    if found:
+                        body = joined
+                if found and len(body) >= WRAP_MIN and lines.has(i + 1):
+                    found = self._rewrapped(lines, i, env.body, found)
                 for sig, fields in found:
                     if sig.event == "cpp_terminate" and "what" not in fields:
                         # `  what():  <message>` follows on the next line (FORMATS.md §1.3): the
@@ -371,6 +377,30 @@ class LineScanner:
                     self._emit(ctx, sig.source, sig.event, fields, env, line0 + i, clean)
                     if sig.event == "step_progress":
                         kept[who] = kept.get(who, 0) + 1
+
+    def _rewrapped(self, lines: _Lines, i: int, body: str, found: Sequence) -> Sequence:
+        """A long line that matched, hard-wrapped in a paste (§1.8): when the continuation lines make
+        the same signature match with more fields (the second rank of a fingerprint mismatch cut
+        off at the terminal's width), those fields."""
+        joined = body
+        for k in range(1, 5):
+            if not lines.has(i + k) or len(joined) > MAX_MATCH_JOIN:
+                break
+            nxt = ANSI.sub("", lines[i + k])
+            e = peel(nxt)
+            if e.key or e.ts is not None or e.sev is not None or not nxt.strip() or nxt[:1].isspace():
+                break
+            joined += nxt
+        if joined is body:
+            return found
+        more = dict(self.sigset.match_all(joined))
+        out = []
+        for sig, fields in found:
+            wider = more.get(sig)
+            if wider is not None and len(wider) > len(fields) and all(wider.get(k) == v for k, v in fields.items()):
+                fields = wider
+            out.append((sig, fields))
+        return out
 
     def _rejoin(self, lines: _Lines, i: int, body: str) -> tuple[list, str]:
         """A hard-wrapped line: join the following unenveloped lines and try again (§1.8).
