@@ -3,7 +3,6 @@
 Above ~400 lines because every command declares its flags here, each with the help text users read
 (`--help` is the reference); the work behind each is a call into the module that owns it."""
 
-from __future__ import annotations
 
 import os
 import sys

@@ -141,6 +141,9 @@ def _share_worker(roots: list[Root], run: str, share: shares.Share, conn) -> Non
         books = _read(roots, run, None, share)
         for ctx in books.files:
             ctx.seen = set()  # needed only while scanning: not worth its pickle
+        for parts in books.parts.values():
+            for end in parts:
+                end.src.stream = None  # an open file: not for a pickle, and read to its end
     except BaseException:  # anything: the parent reads the share again
         books = None
     try:

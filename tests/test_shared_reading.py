@@ -33,8 +33,18 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="shares are read
 
 @pytest.fixture
 def share_everything(monkeypatch):
-    """Shares of any size: the small runs of the tests are shared too."""
+    """Shares of any size: the small runs of the tests are shared too. Counts the shares this process
+    reads itself: one, unless a forked process failed (its share is then read here again)."""
     monkeypatch.setattr(events, "SHARE_MIN_BYTES", 1)
+    here: list[object] = []
+    read = events._read
+
+    def counted(roots, run, progress, share=None):
+        here.append(share)
+        return read(roots, run, progress, share)
+
+    monkeypatch.setattr(events, "_read", counted)
+    return here
 
 
 @pytest.fixture
@@ -42,6 +52,13 @@ def small_chunks(monkeypatch):
     """Chunks of 32 KiB (and a 4 KiB head): a file of a few hundred KiB is cut into slices."""
     monkeypatch.setattr(decode, "CHUNK_SIZE", 32 << 10)
     monkeypatch.setattr(decode, "HEAD_SIZE", 4 << 10)
+
+
+def _one_share_here(here: list) -> None:
+    """The shares read in this process: the first only (every forked process sent its books)."""
+    shared = [s for s in here if s is not None]
+    assert len(shared) == 1 and shared[0].index == 0, [getattr(s, "index", None) for s in shared]
+    here.clear()
 
 
 def _same(one: events.IngestResult, many: events.IngestResult) -> None:
@@ -97,7 +114,9 @@ def test_entries_number_what_the_walk_yields(tmp_path):
 def test_shares_read_as_one(tmp_path, share_everything, jobs):
     run = _mixed_folder(tmp_path)
     one = events.build_events(run, jobs=1)
+    share_everything.clear()
     many = events.build_events(run, jobs=jobs)
+    _one_share_here(share_everything)
     _same(one, many)
     assert any(s.file == "node1/train.py" for s in many.skipped)
     assert any("read only in part" in n for n in many.notes)
@@ -135,7 +154,9 @@ def test_a_share_whose_process_dies_is_read_again(tmp_path, share_everything, mo
         os._exit(3)  # as if killed: the parent gets no books
 
     monkeypatch.setattr(events, "_share_worker", dies)
+    share_everything.clear()
     _same(one, events.build_events(run, jobs=3))
+    assert sorted(s.index for s in share_everything if s is not None) == [0, 1, 2]  # two read again here
 
 
 def test_documents_only_are_read_by_one_reader(tmp_path, share_everything):
@@ -201,7 +222,9 @@ def test_a_big_file_is_cut_into_slices(tmp_path, share_everything, small_chunks,
         assert data[b.start - 1 : b.start] == b"\n"  # every slice starts a line
         assert a.end == b.grid
     one = events.build_events(path, jobs=1)
+    share_everything.clear()
     many = events.build_events(path, jobs=jobs)
+    _one_share_here(share_everything)
     _same(one, many)
     assert many.lines == data.count(b"\n")
     assert sorted(many.events.filter(pl.col("kind") == "step_progress")["rank"].to_list()) == sorted(
@@ -211,7 +234,11 @@ def test_a_big_file_is_cut_into_slices(tmp_path, share_everything, small_chunks,
 def test_a_folder_with_one_big_console_beside_small_files(tmp_path, share_everything, small_chunks):
     run = _mixed_folder(tmp_path)
     _console(run / "node1")
-    _same(events.build_events(run, jobs=1), events.build_events(run, jobs=3))
+    one = events.build_events(run, jobs=1)
+    share_everything.clear()
+    many = events.build_events(run, jobs=3)
+    _one_share_here(share_everything)
+    _same(one, many)
 
 
 def test_files_that_are_not_cut(tmp_path, small_chunks):
