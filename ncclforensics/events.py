@@ -106,8 +106,9 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
                           name=f"ncclforensics-share-{share.index}")
         try:
             proc.start()
-        except OSError:
+        except (OSError, AssertionError):  # no process left, or this one is a daemon (a pool's worker)
             recv.close()
+            send.close()
             workers.append((share, None, None))
             continue
         send.close()

@@ -253,3 +253,18 @@ def test_files_that_are_not_cut(tmp_path, small_chunks):
         plan = shares.plan(events.roots_of(other), 4, min_bytes=1)
         assert plan is None, name
         other.unlink()
+
+
+def test_a_daemon_process_reads_every_share_itself(tmp_path, share_everything, monkeypatch):
+    # a pool's worker process is a daemon: starting a process of its own raises (multiprocessing)
+    import multiprocessing.context
+
+    def refused(self):
+        raise AssertionError("daemonic processes are not allowed to have children")
+
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refused)
+    run = _mixed_folder(tmp_path)
+    one = events.build_events(run, jobs=1)
+    share_everything.clear()
+    _same(one, events.build_events(run, jobs=3))
+    assert sorted(s.index for s in share_everything if s is not None) == [0, 1, 2]
