@@ -330,3 +330,37 @@ def test_kubectl_prefix_names_the_pod() -> None:
     stamped = peel("[pod/llm-sft-master-0/trainer] 2025-02-03T11:20:05.118204Z NCCL WARN x")
     assert stamped.host == "llm-sft-master-0" and stamped.ts is not None and stamped.ts.year == 2025
     assert peel("[pod/Not_A_Pod/x] text").host is None  # pod names are lower-case DNS names
+
+
+def _nearest_year_by_search(t: dt.datetime, ref: dt.datetime, not_after: bool) -> dt.datetime | None:
+    """The year around ref that puts t nearest it, by trying all three (nearest_year's definition)."""
+    best = None
+    for year in (ref.year - 1, ref.year, ref.year + 1):
+        try:
+            cand = t.replace(year=year)
+        except ValueError:
+            continue
+        gap = (cand - ref).total_seconds()
+        if not_after and gap > 86_400:
+            continue
+        if best is None or abs(gap) < best[0]:
+            best = (abs(gap), cand)
+    return best[1] if best else None
+
+
+def test_nearest_year_equals_trying_every_year() -> None:
+    import random
+
+    from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+    from ncclforensics.ingest.table import nearest_year
+
+    rnd = random.Random(14)
+    refs = [dt.datetime(2024, 2, 29, 12), dt.datetime(2025, 12, 31, 23, 59), dt.datetime(2026, 1, 1, 0, 1),
+            dt.datetime(2025, 7, 2, 6), dt.datetime(2025, 6, 1)]
+    for _ in range(4000):
+        ref = rnd.choice(refs) + dt.timedelta(seconds=rnd.randrange(-86_400 * 3, 86_400 * 3))
+        day = dt.date(2024, 1, 1) + dt.timedelta(days=rnd.randrange(366))  # 2024: 29 February too
+        t = dt.datetime(UNKNOWN_YEAR if day != dt.date(2024, 2, 29) else 4, day.month, day.day,
+                        rnd.randrange(24), rnd.randrange(60), rnd.randrange(60))
+        for not_after in (False, True):
+            assert nearest_year(t, ref, not_after=not_after) == _nearest_year_by_search(t, ref, not_after), (t, ref)
