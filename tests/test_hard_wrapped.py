@@ -44,3 +44,18 @@ def test_a_wrapped_fingerprint_mismatch_keeps_both_ranks(tmp_path, width):
 def test_plain_lines_after_a_complete_line_change_nothing(tmp_path):
     text = MISMATCH + "\nrank six said something else\nand one more plain line"
     assert _mismatch_rows(tmp_path, text)[0]["extra"] == _mismatch_rows(tmp_path, MISMATCH)[0]["extra"]
+
+
+def test_a_signature_whose_words_the_wrap_cut(tmp_path):
+    # an NCCL WARN (FORMATS.md §10) wrapped at 96 columns: `with error 12` went to the next line
+    line = ("node-q04:21887:22012 [6] transport/net_ib.cc:1150 NCCL WARN NET/IB : Got completion from peer "
+            "10.31.4.18<51120> with error 12, opcode 0, len 0, vendor err 129")
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "paste.txt").write_text(line + "\n")
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "paste.txt").write_text(_wrapped(line, 96) + "\n")
+    kinds = {r["kind"] for r in build_events(whole).events.to_dicts()}
+    got = {r["kind"] for r in build_events(cut).events.to_dicts()}
+    assert kinds - {"nccl_warn"} and kinds <= got

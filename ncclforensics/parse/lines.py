@@ -21,7 +21,7 @@ KEEP_PROGRESS = 2  # step_progress rows kept per file and rank (the last ones): 
 TAIL_CHARS = 1 << 20  # a file's last characters, where weak signatures always run
 TAIL_PER_WRITER = 3  # weak-signature lines kept per rank from the tail (its last news)
 TAIL_QUIET = 64  # stop walking back after this many tail hits in a row from known writers
-WRAP_MIN = 72  # a matched line this long may have been hard-wrapped by a terminal (_rewrapped)
+WRAP_MIN = 72  # a matched physical line this long may have been hard-wrapped by a terminal (_rewrapped)
 MAX_MATCH_JOIN = 4000  # characters a hard-wrapped line is joined up to
 ESC = "\x1b"
 
@@ -309,11 +309,11 @@ class LineScanner:
                         matched = True
                     continue
                 found = self.sigset.match_all(body)
-                if not found and lines.has(i + 1):
+                if not found and lines.has(i + 1) and not _FRAME.match(body):
                     found, joined = self._rejoin(lines, i, body)
                     if found:
                         body = joined
-                if found and len(body) >= WRAP_MIN and lines.has(i + 1):
+                if found and max(len(body), len(lines[i])) >= WRAP_MIN and lines.has(i + 1):
                     found = self._rewrapped(lines, i, env.body, found)
                 for sig, fields in found:
                     if sig.event == "cpp_terminate" and "what" not in fields:
@@ -381,7 +381,8 @@ class LineScanner:
     def _rewrapped(self, lines: _Lines, i: int, body: str, found: Sequence) -> Sequence:
         """A long line that matched, hard-wrapped in a paste (§1.8): when the continuation lines make
         the same signature match with more fields (the second rank of a fingerprint mismatch cut
-        off at the terminal's width), those fields."""
+        off at the terminal's width), those fields; and a signature whose words the wrap cut (an NCCL
+        WARN whose `with error 12` went to the next line) matches the joined text."""
         joined = body
         for k in range(1, 5):
             if not lines.has(i + k) or len(joined) > MAX_MATCH_JOIN:
@@ -396,10 +397,16 @@ class LineScanner:
         more = dict(self.sigset.match_all(joined))
         out = []
         for sig, fields in found:
-            wider = more.get(sig)
+            wider = more.pop(sig, None)
             if wider is not None and len(wider) > len(fields) and all(wider.get(k) == v for k, v in fields.items()):
                 fields = wider
             out.append((sig, fields))
+        # a signature only the joined text matches (its words cut by the wrap), unless a continuation line
+        # matches it alone: that line is scanned on its own
+        pieces = [ANSI.sub("", lines[i + k]) for k in range(1, 5) if lines.has(i + k)]
+        for sig, fields in more.items():
+            if sig.match(body) is None and not any(sig.match(p) is not None for p in pieces):
+                out.append((sig, fields))
         return out
 
     def _rejoin(self, lines: _Lines, i: int, body: str) -> tuple[list, str]:
@@ -493,6 +500,9 @@ def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelo
         return
     ctx.rows.append(row)
 
+
+# a traceback's frame line (FORMATS.md §15): whole by itself, never the start of a hard-wrapped line
+_FRAME = re.compile(r'\s*File "[^"]*", line \d+, in ')
 
 # the writer of a line without any envelope: _scan_progress's key for it, and _walk_tail's
 _PLAIN_WRITER = ("", None, None)
