@@ -13,15 +13,28 @@ from ncclforensics.vocabulary import vocabulary
 _PROBLEM_KINDS = {
     "duplicate_gpu": ("nccl_duplicate_gpu",),
     "shm": ("nccl_shm_error",),
-    "device": ("cuda_error", "cuda_error_hint", "wrong_device"),
+    "device": ("cuda_error", "cuda_error_hint", "wrong_device", "exception", "exception_line"),
     "main_guard": ("spawn_bootstrap", "exception"),
 }
+
+
+def _bootstrap_stack(r: dict) -> bool:
+    """An exception raised by multiprocessing's bootstrapping check (the stack the vocabulary's
+    `spawn.py:_check_not_importing_main` meaning names)."""
+    return "_check_not_importing_main" in str(extra(r).get("stack") or "")
+
+
+# which exception rows of the launch_config class belong to which problem: the bootstrapping check's
+# to the __main__ guard, the others (torch's driver check: the node's CUDA driver) to the device
+_EXCEPTION_OF = {"main_guard": _bootstrap_stack, "device": lambda r: not _bootstrap_stack(r)}
 
 
 @detector
 def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
     kinds = vocabulary().check(*_PROBLEM_KINDS[problem])
-    rows = [r for r in ctx.causes(RootCause.LAUNCH_CONFIG) if r["kind"] in kinds]
+    mine = _EXCEPTION_OF.get(problem, lambda _r: True)
+    rows = [r for r in ctx.causes(RootCause.LAUNCH_CONFIG) if r["kind"] in kinds
+            and (r["kind"] not in ("exception", "exception_line") or mine(r))]
     if not rows:
         return []
     rows.sort(key=lambda r: (-r["strength"], r["ts"] is None, r["ts"]))
