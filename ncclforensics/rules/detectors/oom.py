@@ -17,8 +17,9 @@ from ncclforensics.rules.detectors.common import (
 )
 from ncclforensics.signals import SIGKILL
 
-# the kernel's and the scheduler's kills: a process vanished, matched to a rank by pid (FORMATS.md §12.3, §13)
-_KILL_KINDS = ("oom_killer", "slurm_oom", "srun_task_exit")
+# the kernel's and the scheduler's kills: a process vanished, matched to a rank by pid (FORMATS.md §12.3, §13);
+# Kubernetes' OOMKilled pod: its container's memory limit (patterns/signatures/launcher/pod_oom_killed.toml)
+_KILL_KINDS = ("oom_killer", "slurm_oom", "srun_task_exit", "pod_oom_killed")
 
 
 @detector
@@ -46,13 +47,20 @@ def memory_exhausted(ctx: Context) -> list[Hit]:
             culprits = sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts and rk in ctx.exit_codes
                               and ctx.exit_codes[rk] in (-9, 137))
         hits.append(Hit(culprits=culprits, evidence=ctx.evidence_rows(killed), hosts=hosts,
-                        fields={"what": "host memory (the kernel OOM killer)" if any(r["kind"] == "oom_killer"
-                                                                                      for r in killed)
-                                else "host memory (Slurm's cgroup OOM handler)", **rank_fields(culprits),
+                        fields={"what": _kill_what(killed), **rank_fields(culprits),
                                 "aftermath": aftermath(ctx, culprits)},
                         ts=earliest_ts(killed), collective=stuck_collective(ctx),
                         params={"mode": "host", "signal": 9, "culprit_ranks": culprits}))
     return hits
+
+
+def _kill_what(killed: list[dict]) -> str:
+    kinds = {r["kind"] for r in killed}
+    if "oom_killer" in kinds:
+        return "host memory (the kernel OOM killer)"
+    if "pod_oom_killed" in kinds:
+        return "its container's memory limit (Kubernetes: OOMKilled)"
+    return "host memory (Slurm's cgroup OOM handler)"
 
 
 def _host_kills(ctx: Context) -> list[dict]:
@@ -69,7 +77,7 @@ def _host_kills(ctx: Context) -> list[dict]:
 
     kernel = ctx.rows("oom_killer")
     killed = [r for r in kernel if not worker_kill(r)]
-    slurm = [r for r in ctx.causes(RootCause.OOM) if r["kind"] in ("slurm_oom", "srun_task_exit")]
+    slurm = [r for r in ctx.causes(RootCause.OOM) if r["kind"] in ("slurm_oom", "srun_task_exit", "pod_oom_killed")]
     if killed or not ((kernel and all(map(worker_kill, kernel))) or (not kernel and loader_sigkill)):
         killed += slurm
     return killed
