@@ -360,8 +360,7 @@ def analyze(log_dir: Path) -> dict:
         return json.loads(json.dumps(diagnosis_dict(analyze_path(log_dir).diagnosis), default=str))
 
 
-def run_loop(case: LoopCase, root: Path) -> LoopResult:
-    repro = render_case(case.rule, case.params, script_name=f"{case.name}.py")
+def run_loop(case: LoopCase, repro: Reproducer, root: Path) -> LoopResult:
     (root / case.name).mkdir()
     script = root / case.name / f"{case.name}.py"  # outside the log dir, so the analyzer never reads it
     script.write_text(repro.script)
@@ -377,10 +376,13 @@ def loop_results(request, tmp_path_factory) -> dict[str, LoopResult]:
                 if item.originalname == "test_closed_loop" and hasattr(item, "callspec")}
     cases = [c for c in LOOP_CASES if c.name in selected]
     root = tmp_path_factory.mktemp("repro")
+    # rendered here, one at a time: Python 3.11's ast.parse (render_reproducer's check) is not
+    # thread-safe ("AST constructor recursion depth mismatch")
+    repros = {c.name: render_case(c.rule, c.params, script_name=f"{c.name}.py") for c in cases}
     # the longest runs (hangs: they wait out a timeout) first, so the pool drains evenly
-    cases.sort(key=lambda c: render_case(c.rule, c.params).op_type is None)
+    cases.sort(key=lambda c: repros[c.name].op_type is None)
     with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-        futures = {c.name: pool.submit(run_loop, c, root) for c in cases}
+        futures = {c.name: pool.submit(run_loop, c, repros[c.name], root) for c in cases}
     results = {name: future.result() for name, future in futures.items()}
     if os.environ.get("NCCLF_REPRO_TIMES"):
         Path(os.environ["NCCLF_REPRO_TIMES"]).write_text(json.dumps({
