@@ -74,6 +74,25 @@ def read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, d
                 return None
             first += more  # the file grew while it was read
         chunks = decode.iter_chunks(stream, first)
+    nbytes = _put_chunks(chunks, ctx, scanner, put, tail=True)
+    stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
+    return nbytes
+
+
+def read_slice(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, sl: Slice) -> int:
+    """Read one slice of a plain text file (ingest.shares): its chunks as ChunkRead items with lines
+    numbered from 1, and the file's tail when it is the last slice; returns the bytes read."""
+    stream = src.stream
+    stream.seek(sl.start)
+    head = stream.read(sl.grid - sl.start)
+    rest = stream if sl.end is None else _Capped(stream, sl.end - sl.grid)
+    return _put_chunks(decode.iter_chunks(rest, head, keep_tail=sl.end is None), ctx, scanner, put,
+                       tail=sl.end is None)
+
+
+def _put_chunks(chunks, ctx: FileContext, scanner: LineScanner, put: Put, *, tail: bool) -> int:
+    """Prefilter each chunk and hand it to `put` (lines numbered from 1); then, with `tail`, the
+    file's end for the scanner's tail check. Sets ctx.lines; returns the bytes read."""
     nbytes = 0
     line_no = 1
     before_last = b""  # the end of the chunk before the last: the tail may need it
@@ -89,37 +108,8 @@ def read_source(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, d
             line_no += prep.newlines
     finally:  # what was read counts, also when the stream broke off
         ctx.lines = line_no - 1 + (1 if last is not None and not last.prep.data.endswith(b"\n") else 0)
-    if last is not None:
+    if last is not None and tail:
         put(tail_of(last, before_last, line_no))  # the scanner's thread checks it (balance)
-    stream.read(1)  # confirm the end: a truncated compressed stream raises UnsafeInputError here
-    return nbytes
-
-
-def read_slice(src: Source, ctx: FileContext, scanner: LineScanner, put: Put, sl: Slice) -> int:
-    """Read one slice of a plain text file (ingest.shares): its chunks as ChunkRead items with lines
-    numbered from 1, and the file's tail when it is the last slice; returns the bytes read."""
-    stream = src.stream
-    stream.seek(sl.start)
-    head = stream.read(sl.grid - sl.start)
-    rest = stream if sl.end is None else _Capped(stream, sl.end - sl.grid)
-    chunks = decode.iter_chunks(rest, head, keep_tail=sl.end is None)
-    nbytes = 0
-    line_no = 1
-    before_last = b""
-    last: ChunkRead | None = None
-    try:
-        for data in chunks:
-            nbytes += len(data)
-            prep = scanner.prepare_chunk(data)
-            if last is not None:
-                before_last = last.prep.data[-TAIL_CHARS:]
-            last = ChunkRead(ctx, prep, line_no)
-            put(last)
-            line_no += prep.newlines
-    finally:
-        ctx.lines = line_no - 1 + (1 if last is not None and not last.prep.data.endswith(b"\n") else 0)
-    if last is not None and sl.end is None:
-        put(tail_of(last, before_last, line_no))
     return nbytes
 
 

@@ -385,11 +385,8 @@ class LineScanner:
         WARN whose `with error 12` went to the next line) matches the joined text."""
         joined = body
         for k in range(1, 5):
-            if not lines.has(i + k) or len(joined) > MAX_MATCH_JOIN:
-                break
-            nxt = ANSI.sub("", lines[i + k])
-            e = peel(nxt)
-            if e.key or e.ts is not None or e.sev is not None or not nxt.strip() or nxt[:1].isspace():
+            nxt = _continuation(lines, i + k) if len(joined) <= MAX_MATCH_JOIN else None
+            if nxt is None:
                 break
             joined += nxt
         if joined is body:
@@ -418,11 +415,8 @@ class LineScanner:
         joined = body
         alone: list[str] = []
         for k in range(1, 3):
-            if not lines.has(i + k):
-                break
-            nxt = ANSI.sub("", lines[i + k])
-            e = peel(nxt)
-            if e.key or e.ts is not None or e.sev is not None or not nxt.strip() or nxt[:1].isspace():
+            nxt = _continuation(lines, i + k)
+            if nxt is None:
                 break
             joined += nxt
             alone.append(nxt)
@@ -507,6 +501,18 @@ _FRAME = re.compile(r'\s*File "[^"]*", line \d+, in ')
 # the writer of a line without any envelope: _scan_progress's key for it, and _walk_tail's
 _PLAIN_WRITER = ("", None, None)
 _TAIL_PLAIN = (None, "")
+
+
+def _continuation(lines: _Lines, j: int) -> str | None:
+    """Line j as the continuation of a hard-wrapped line (§1.8): it starts mid-text (no envelope, not
+    indented, not blank); else None."""
+    if not lines.has(j):
+        return None
+    nxt = ANSI.sub("", lines[j])
+    e = peel(nxt)
+    if e.key or e.ts is not None or e.sev is not None or not nxt.strip() or nxt[:1].isspace():
+        return None
+    return nxt
 
 
 def _inside(consumed: list[tuple[int, int]], p: int) -> bool:
