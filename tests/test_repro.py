@@ -5,6 +5,7 @@ tests (marker `repro`) run each rule's cases under torchrun on CPU with gloo, an
 logs and expect the rule, culprit ranks, stuck OpType and top fix the script's docstring promises;
 then run it with --fixed and expect exit 0 and logs in which the analyzer finds no failure.
 `pytest -m "not repro"` skips them; NCCLF_REPRO_TIMES=path writes each run's times there (JSON).
+Each torchrun is forked from one process that imported torch once (tests/fixtures/torchrun_server.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ncclforensics.jsonout import diagnosis_dict
 from ncclforensics.model import Evidence, Finding, Fix, RootCause, RunFacts
 from ncclforensics.repro.catalog import plans
 from ncclforensics.repro.render import NoReproducer, Reproducer, render_reproducer
+from tests.fixtures.torchrun_server import TorchrunServer
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -309,29 +311,31 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def run_torchrun(repro: Reproducer, script: Path, workdir: Path, *, fixed: bool) -> tuple[int, float, Path]:
-    """torchrun the script as its docstring says; the console goes to LOGDIR/console.log."""
+def run_torchrun(server: TorchrunServer, repro: Reproducer, script: Path, workdir: Path, *,
+                 fixed: bool) -> tuple[int, float, Path]:
+    """torchrun the script as its docstring says; the console goes to LOGDIR/console.log.
+
+    torchrun is forked from `server`, which imported torch once for all runs (tests/fixtures/torchrun_server.py).
+    """
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True)
-    command = [str(BIN / "torchrun"), "--nproc-per-node", str(repro.world_size), "--master-port",
-               str(free_port_pair()), "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3",
-               str(script)]  # the script's own --timeout default, as its docstring runs it
+    argv = ["--nproc-per-node", str(repro.world_size), "--master-port", str(free_port_pair()), "--log-dir",
+            str(log_dir), "--redirects", "3", "--tee", "3",
+            str(script)]  # the script's own --timeout default, as its docstring runs it
     if "--fr-dir" in script.read_text():
-        command += ["--fr-dir", str(log_dir / "fr_trace")]
+        argv += ["--fr-dir", str(log_dir / "fr_trace")]
     if fixed:
-        command.append("--fixed")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        argv.append("--fixed")
     started = time.monotonic()
-    with (log_dir / "console.log").open("wb") as console:
-        proc = subprocess.run(command, cwd=workdir, stdout=console, stderr=subprocess.STDOUT, env=env,
-                              timeout=RUN_LIMIT_S, check=False)
-    return proc.returncode, time.monotonic() - started, log_dir
+    code = server.run(argv, cwd=workdir, out=log_dir / "console.log", timeout=RUN_LIMIT_S)
+    return code, time.monotonic() - started, log_dir
 
 
 PORT_ATTEMPTS = 3
 
 
-def run_and_analyze(repro: Reproducer, script: Path, workdir: Path, *, fixed: bool) -> RunResult:
+def run_and_analyze(server: TorchrunServer, repro: Reproducer, script: Path, workdir: Path, *,
+                    fixed: bool) -> RunResult:
     """Run, then analyze; again on a new port when another process took the master port first.
 
     A port found free can still be taken before torchrun binds it; that run then fails at start-up,
@@ -339,7 +343,7 @@ def run_and_analyze(repro: Reproducer, script: Path, workdir: Path, *, fixed: bo
     """
     for attempt in range(PORT_ATTEMPTS):
         target = workdir if attempt == 0 else workdir.with_name(f"{workdir.name}-retry{attempt}")
-        exit_code, seconds, log_dir = run_torchrun(repro, script, target, fixed=fixed)
+        exit_code, seconds, log_dir = run_torchrun(server, repro, script, target, fixed=fixed)
         console = (log_dir / "console.log").read_text(errors="replace")
         agent_could_not_bind = "EADDRINUSE" in console and "[default" not in console
         if not agent_could_not_bind:
@@ -360,12 +364,12 @@ def analyze(log_dir: Path) -> dict:
         return json.loads(json.dumps(diagnosis_dict(analyze_path(log_dir).diagnosis), default=str))
 
 
-def run_loop(case: LoopCase, repro: Reproducer, root: Path) -> LoopResult:
+def run_loop(server: TorchrunServer, case: LoopCase, repro: Reproducer, root: Path) -> LoopResult:
     (root / case.name).mkdir()
     script = root / case.name / f"{case.name}.py"  # outside the log dir, so the analyzer never reads it
     script.write_text(repro.script)
-    failing = run_and_analyze(repro, script, root / case.name / "failing", fixed=False)
-    fixed = run_and_analyze(repro, script, root / case.name / "fixed", fixed=True)
+    failing = run_and_analyze(server, repro, script, root / case.name / "failing", fixed=False)
+    fixed = run_and_analyze(server, repro, script, root / case.name / "fixed", fixed=True)
     return LoopResult(repro, failing, fixed)
 
 
@@ -381,8 +385,9 @@ def loop_results(request, tmp_path_factory) -> dict[str, LoopResult]:
     repros = {c.name: render_case(c.rule, c.params, script_name=f"{c.name}.py") for c in cases}
     # the longest runs (hangs: they wait out a timeout) first, so the pool drains evenly
     cases.sort(key=lambda c: repros[c.name].op_type is None)
-    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-        futures = {c.name: pool.submit(run_loop, c, repros[c.name], root) for c in cases}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # every torchrun's (the server's, which they inherit)
+    with TorchrunServer(env, root / "torchrun_server.err") as server, ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        futures = {c.name: pool.submit(run_loop, server, c, repros[c.name], root) for c in cases}
     results = {name: future.result() for name, future in futures.items()}
     if os.environ.get("NCCLF_REPRO_TIMES"):
         Path(os.environ["NCCLF_REPRO_TIMES"]).write_text(json.dumps({
