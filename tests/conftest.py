@@ -17,6 +17,15 @@ CLOSED_LOOP = "tests/test_repro.py::test_closed_loop["
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """No workers when every argument names a test (`pytest FILE::TEST`): starting them would take
+    longer than the tests. Otherwise xdist's count (pyproject: `-n logical`)."""
+    if config.args and all("::" in arg for arg in config.args):
+        return 0
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """With `-n` (pyproject's addopts) and the default `--dist load`: each module is one work unit, so
     its module fixtures are made once and its tests run in file order (test_packaging's last test
