@@ -1,5 +1,5 @@
 """`python -m ncclforensics` entry point."""
 
-from ncclforensics.cli import main
+from ncclforensics.cli import run
 
-main()
+run()

@@ -463,3 +463,29 @@ def main() -> None:
         err("ncclforensics: interrupted")
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def run() -> None:
+    """The console script: main(), then a quick exit.
+
+    Once the command is done and only this thread is left, the exit handlers run (caches written,
+    readers joined), the streams are flushed and the process ends without tearing every module down
+    (about 40 ms of a run on sample_logs/, more after a large run). With another thread still running,
+    or when the streams cannot be flushed, the interpreter exits the usual way."""
+    import atexit
+    import threading
+
+    try:
+        main()
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    if threading.active_count() > 1 or not (code is None or isinstance(code, int)):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe (`| head`): let the interpreter report it as it always does
+        sys.exit(code)
+    os._exit(code or 0)

@@ -86,3 +86,28 @@ def test_hyperscan_databases_are_kept_and_rebuilt(cache_home):
     assert again.blocks_with_any(data, spans) == [0, 1, 3]
     assert all(f.read_bytes() != b"damaged" for f in kept)  # compiled again and kept
     assert prefilter._database([b"a"], 0, literal=True) is not None
+
+
+def _console_script(args, cache_home, **kw):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home.parent)}
+    return subprocess.run([sys.executable, "-m", "ncclforensics", *args], capture_output=True, text=True, env=env,
+                          timeout=120, **kw)
+
+
+def test_the_console_scripts_quick_exit_still_runs_the_exit_handlers(cache_home):
+    """The console script (cli.run) ends without tearing the modules down, after the exit handlers:
+    the pattern tables are written at exit, the exit code and every byte of stdout are kept."""
+    from pathlib import Path
+
+    sample = Path(__file__).resolve().parent.parent / "sample_logs"
+    proc = _console_script(["analyze", str(sample), "--json", "--fail-on", "any"], cache_home)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["verdict"]["class"] == "rank_divergence"
+    assert "named by --fail-on" in proc.stderr
+    assert list(cache_home.glob("toml-*.json")), "the exit handler wrote no pattern tables"
+    assert _console_script(["analyze", str(sample / "no-such-folder")], cache_home).returncode == 3
+    usage = _console_script(["analyze", "--no-such-flag"], cache_home)
+    assert usage.returncode == 2 and "--no-such-flag" in usage.stderr
