@@ -8,7 +8,6 @@ ingest.table makes the table of every file's rows.
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +95,8 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
     and send their books back. A share whose process fails is read here. None when the shares read
     no file (the run may be documents only: one reader decides how to read those)."""
     try:
+        import multiprocessing  # here: a run read by one process never needs it
+
         mp = multiprocessing.get_context("fork")
     except ValueError:
         return None  # no fork on this platform

@@ -350,3 +350,29 @@ def test_progress_line_after_the_delay_and_erased():
     q.close()
     assert quiet.getvalue() == ""
     assert not Progress.for_terminal(quiet=True).enabled
+
+
+@pytest.mark.parametrize("args", [("analyze", str(RUN), "--json"), ("rules", "list"), ("analyze", "--no-such-flag")],
+                         ids=["reads-a-run", "reads-no-run", "usage-error"])
+def test_the_console_script_lets_the_collector_go_once_a_command_starts(cli, monkeypatch, args):
+    """cli.run holds the cyclic garbage collector during start-up; every command lets it go (a reading
+    command once its reading modules are imported), so a long run is collected as usual."""
+    import gc
+
+    from ncclforensics import cli as cli_module
+
+    assert gc.isenabled()
+    monkeypatch.setattr(cli_module, "_GC_HELD", True)
+    gc.disable()
+    try:
+        r = cli(*args)
+        held_after = cli_module._GC_HELD
+        enabled_after = gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    if args[-1] == "--no-such-flag":  # no command ran: run() exits straight away
+        assert r.code == 2
+        return
+    assert r.code == 0, r.err
+    assert enabled_after and not held_after

@@ -34,6 +34,20 @@ def test_every_signature_declares_a_meaning_and_samples(path: Path):
         assert d.get("no_match"), "line signatures carry no_match samples too"
 
 
+WHEN_REGEXES = sorted({(s.path, key, want) for s in VOCAB.specs.values() for m in s.meanings
+                       for key, want in m.when if isinstance(want, str)})
+
+
+@pytest.mark.parametrize("path,key,want", WHEN_REGEXES, ids=[f"{p}:{k}" for p, k, _ in WHEN_REGEXES])
+def test_every_when_regex_compiles_in_both_engines(path, key, want):
+    """A `when` regex is evaluated by polars on the event table (vocabulary._condition) and by the
+    regex module on one row (meaning_of); start-up does not compile them, so a bad one fails here."""
+    import regex
+
+    regex.compile(want)
+    pl.Series([""], dtype=pl.Utf8).str.contains(want)
+
+
 def test_causes_have_a_class_and_strength_and_symptoms_none():
     for spec in VOCAB.specs.values():
         for m in spec.meanings:
