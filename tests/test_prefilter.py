@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ncclforensics.parse.prefilter import HYPERSCAN, LiteralSet
+from ncclforensics.parse.prefilter import HYPERSCAN, LiteralFinder, LiteralSet
 
 LITS = {"strong": ["NCCL WARN", "Watchdog", "WARN"], "weak": ["step", "ep", "é"]}
 ENGINES = [False] + ([True] if HYPERSCAN else [])
@@ -50,6 +50,31 @@ def test_lines_with_is_a_line_search(use_hyperscan: bool, data: bytes) -> None:
     for group, lits in LITS.items():
         want = [i for i, ln in enumerate(lines) if any(x.encode() in ln for x in lits)]
         assert got.get(group, []) == want
+
+
+@pytest.mark.parametrize("use_hyperscan", ENGINES)
+@settings(max_examples=200, deadline=None)
+@given(body=st.lists(st.sampled_from(PIECES + ["\ud800", "WARNé"]), max_size=8).map("".join))
+def test_literal_finder_finds_what_in_finds(use_hyperscan: bool, body: str) -> None:
+    """SignatureSet.candidates' literals: one scan of a body gives what `lit in body` gives, overlapping
+    and non-ASCII literals and a lone surrogate included."""
+    lits = [x for group in LITS.values() for x in group] + ["WARNé", "dog"]
+    finder = LiteralFinder(lits, use_hyperscan=use_hyperscan)
+    assert finder.found(body) == {lit for lit in lits if lit in body}
+
+
+def test_candidates_are_the_signatures_of_the_literals_a_body_holds() -> None:
+    from ncclforensics.parse.signatures import load_signatures
+
+    sigset = load_signatures()
+    for sig in sigset.signatures:
+        for sample in sig.samples:
+            body = sample.get("line")
+            if not isinstance(body, str):
+                continue
+            want = [s for s in sigset.signatures if any(lit in body for lit in s.prefilter)]
+            assert sigset.candidates(body) == want
+            assert sigset.candidates(body, weak_only=True) == [s for s in want if s.weak]
 
 
 def test_match_all_remembers_bodies_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,6 +205,33 @@ class LiteralSet:
             window *= 2
 
 
+class LiteralFinder:
+    """Which of a set of literals occur in one short text (a line's body): one Hyperscan scan (~1.5 µs
+    for a few hundred literals) where a loop of `in` tests costs ~10 µs; without Hyperscan, that loop."""
+
+    def __init__(self, literals: Sequence[str], *, use_hyperscan: bool | None = None) -> None:
+        self.literals = list(dict.fromkeys(literals))
+        if any(not lit or "\n" in lit for lit in self.literals):
+            raise ValueError("a literal is empty or holds a newline")
+        use = HYPERSCAN if use_hyperscan is None else (use_hyperscan and HYPERSCAN)
+        self._db = (_database([lit.encode() for lit in self.literals], 0, literal=True)
+                    if use and self.literals else None)
+        self._local = threading.local()
+
+    def found(self, text: str) -> set[str]:
+        """The literals that occur in `text` (matched on its UTF-8 bytes: see LiteralSet)."""
+        if self._db is None:
+            return {lit for lit in self.literals if lit in text}
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = _hs.Scratch(self._db)
+        ids: set[int] = set()
+        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, *_: ids.add(i),
+                      scratch=scratch)
+        lits = self.literals
+        return {lits[i] for i in ids}
+
+
 def _database(expressions: list[bytes], flags: int, *, literal: bool) -> object:
     """A Hyperscan block-mode database of `expressions` (ids = their indices). Compiled databases are
     kept in the user's cache folder (serialized: loading one takes ~1 ms, compiling the prefilter's

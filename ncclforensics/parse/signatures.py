@@ -16,6 +16,7 @@ from ncclforensics.atomic import atomic_write
 from ncclforensics.diskcache import cache_dir
 from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import SOURCES
+from ncclforensics.parse.prefilter import LiteralFinder
 from ncclforensics.patternfile import read_table
 from ncclforensics.signals import signal_number
 
@@ -170,22 +171,18 @@ class SignatureSet:
                                       key=lambda lit: (-len(lit), lit))
         self.weak_signatures = [s for s in self.signatures if s.weak]
         self.anchors = _cached_anchors(self.strong_literals)
-        # candidates() index: every strong literal contains an anchor, so a line's anchors name the
-        # few strong literals worth testing; weak literals (not covered by anchors) are tested directly.
-        order = {lit: i for i, lit in enumerate(self.by_literal)}
-        self._anchor_lits = {a: [lit for lit in self.strong_literals if a in lit] for a in self.anchors}
-        self._weak_lits = [lit for lit in self.by_literal if any(s.weak for s in self.by_literal[lit])]
-        self._weak_sigs = {lit: [s for s in self.by_literal[lit] if s.weak] for lit in self._weak_lits}
-        self._order = order
+        # candidates(): every literal a body holds, found in one scan; then their signatures
+        self._order = {lit: i for i, lit in enumerate(self.by_literal)}
+        self._weak_sigs = {lit: [s for s in sigs if s.weak] for lit, sigs in self.by_literal.items()
+                           if any(s.weak for s in sigs)}
+        self._finder = LiteralFinder(list(self.by_literal))
         self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
 
     def candidates(self, body: str, *, weak_only: bool = False) -> list[Signature]:
         """The signatures whose prefilter literals occur in `body`, in signature-file order."""
-        lits = {lit for lit in self._weak_lits if lit in body}
-        if not weak_only:
-            for a in self.anchors:
-                if a in body:
-                    lits.update(lit for lit in self._anchor_lits[a] if lit in body)
+        lits = self._finder.found(body)
+        if weak_only:
+            lits = {lit for lit in lits if lit in self._weak_sigs}
         if not lits:
             return []
         table = self._weak_sigs if weak_only else self.by_literal
