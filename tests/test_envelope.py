@@ -293,6 +293,16 @@ def test_kernel_log_names_give_the_host(name: str, host: str | None):
     assert path_hints(name).host == host
 
 
+@pytest.mark.parametrize(("name", "rank"), [
+    ("out/1/rank.12/stderr", 12), ("ompi/3/rank.007/stdout", 7), ("run/1/rank.0/stddiag", 0),
+    ("logs/rank3.log", 3), ("rank.5/notes.txt", None), ("out/1/rank.x/stdout", None),
+])
+def test_open_mpi_output_filename_trees_name_the_rank(name: str, rank: int | None):
+    from ncclforensics.ingest.attribution import path_hints
+
+    assert path_hints(name).rank == rank
+
+
 @pytest.mark.parametrize(("month", "day", "ref", "year"), [
     (12, 31, dt.datetime(2026, 1, 1, 0, 5), 2025),   # across New Year: the night before
     (1, 1, dt.datetime(2025, 12, 31, 23, 50), 2026),  # and the morning after

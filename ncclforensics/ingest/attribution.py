@@ -7,6 +7,9 @@ import re
 from ncclforensics.parse.lines import FileContext
 
 _TORCHRUN_TREE = re.compile(r"(?:^|/)(?P<node>(?:[^/]+/)*?[^/]+)/attempt_(?P<attempt>\d+)/(?P<lr>\d+)/(?P<leaf>[^/]+)$")
+# Open MPI 3+ `mpirun --output-filename DIR`: DIR/<job>/rank.<r>/stdout|stderr|stddiag, <r> the
+# MPI_COMM_WORLD rank, zero-filled (mpirun(1), docs/man-openmpi/man1/mpirun.1.rst; open-mpi/ompi#7133)
+_OMPI_TREE = re.compile(r"(?:^|/)rank\.(?P<r>\d{1,7})/(?:stdout|stderr|stddiag)$")
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[_\-]?(?P<r>\d{1,6})(?![\d])", re.I)
 # node05, gpu-q17, ip-10-0-0-1, worker12.cluster: letters, then a number that ends the short name
 _HOSTISH = re.compile(r"^[A-Za-z][A-Za-z\-_]{0,40}\d[\d\-]{0,20}(?:\.[A-Za-z][\w\-]{0,62}){0,6}$")
@@ -32,7 +35,7 @@ def path_hints(name: str) -> FileContext:
         dirs = m.group("node").split("/")[:-1]  # the part before <run_id>_<random>
     else:
         dirs = parts[:-1]
-        rm = _RANK_NAME.search(leaf)
+        rm = _RANK_NAME.search(leaf) or _OMPI_TREE.search(name)
         if rm is not None:
             ctx.rank = int(rm.group("r"))
     dm = _DMESG_HOST.match(leaf)
