@@ -31,13 +31,16 @@ def path_hints(name: str) -> FileContext:
     if m is not None and m.group("leaf") in ("stdout.log", "stderr.log", "error.json"):
         ctx.local_rank = int(m.group("lr"))
         ctx.attempt = int(m.group("attempt"))
+        ctx.one_process = True
         ctx.node = m.group("node")
         dirs = m.group("node").split("/")[:-1]  # the part before <run_id>_<random>
     else:
         dirs = parts[:-1]
-        rm = _RANK_NAME.search(leaf) or _OMPI_TREE.search(name)
+        om = _OMPI_TREE.search(name)
+        rm = _RANK_NAME.search(leaf) or om
         if rm is not None:
             ctx.rank = int(rm.group("r"))
+        ctx.one_process = om is not None
     dm = _DMESG_HOST.match(leaf)
     if dm is not None and dm.group("host").lower() not in _EXTENSIONS:  # dmesg.txt names no host
         ctx.host = dm.group("host")

@@ -21,6 +21,7 @@ KEEP_PROGRESS = 2  # step_progress rows kept per file and rank (the last ones): 
 TAIL_CHARS = 1 << 20  # a file's last characters, where weak signatures always run
 TAIL_PER_WRITER = 3  # weak-signature lines kept per rank from the tail (its last news)
 TAIL_QUIET = 64  # stop walking back after this many tail hits in a row from known writers
+TAIL_QUIET_ONE = 16  # the same in a file one process wrote (a launcher's per-worker file): its writers are one rank
 WRAP_MIN = 72  # a matched physical line this long may have been hard-wrapped by a terminal (_rewrapped)
 MAX_MATCH_JOIN = 4000  # characters a hard-wrapped line is joined up to
 ESC = "\x1b"
@@ -36,6 +37,7 @@ class FileContext:
     host: str | None = None
     node: str = ""
     attempt: int | None = None  # torchrun --log-dir attempt_<n> (restarts of the worker group)
+    one_process: bool = False  # only one worker's output (torchrun --log-dir, mpirun --output-filename)
     rows: list[dict] = field(default_factory=list)
     progress: dict = field(default_factory=dict)  # rank -> its last step_progress rows
     lines: int = 0
@@ -211,14 +213,17 @@ class LineScanner:
         Walks back from the end, block by block and line by line, keeping the last TAIL_PER_WRITER
         hits of each writer (rank), and stops once TAIL_QUIET hits in a row brought no new writer: a
         per-rank file stops after a few lines, a console shared by hundreds of ranks goes back
-        until it has seen them all. `spans` are the tail's blocks, `newlines` the newlines in them;
-        only the blocks holding a weak literal are decoded, as the walk reaches them.
+        until it has seen them all. In a file a launcher wrote for one worker every writer is that
+        rank (its prints, torch's `[rankN]:` lines, NCCL's): TAIL_QUIET_ONE hits are enough there.
+        `spans` are the tail's blocks, `newlines` the newlines in them; only the blocks holding a weak
+        literal are decoded, as the walk reaches them.
         """
         hit = self.weak_set.blocks_with_any(data, spans)
         if not hit:
             return
         kept: dict[object, int] = {}
         quiet = 0
+        quiet_max = TAIL_QUIET_ONE if ctx.one_process else TAIL_QUIET
         end = spans[-1][1]
         pos, after = end, 0  # newlines in data[pos:end], counted back only as far as the walk goes
         for k in reversed(hit):
@@ -228,7 +233,7 @@ class LineScanner:
             pos = a
             base = first_line + newlines - after  # the line number of the block's first line
             for i, text in self.weak_set.lines_backward(data, a, b, newlines=nl):
-                if quiet > TAIL_QUIET:
+                if quiet > quiet_max:
                     return
                 if kept.get(_TAIL_PLAIN, 0) >= TAIL_PER_WRITER and plain(text):
                     quiet += 1  # a line without envelope: that writer, known already (as below)
