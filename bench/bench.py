@@ -180,8 +180,8 @@ def commands(run: Path, exe: str, pattern: str, which: list[str], before: str | 
         elif name == "before":  # analyze from another checkout (--before), same interpreter
             # that checkout's own entry point (its __main__), with -P: plain `python -m` would put the
             # working directory (a checkout too) first; the console script may name a function it lacks
-            out.append(("before", ["env", f"PYTHONPATH={before}", sys.executable, "-P", "-m", "ncclforensics", "analyze",
-                                   str(run), "--json"]))
+            out.append(("before", ["env", f"PYTHONPATH={before}", sys.executable, "-P", "-m", "ncclforensics",
+                                   "analyze", str(run), "--json"]))
         elif name == "grep":
             if is_gz:
                 out.append(("grep", ["sh", "-c", 'zcat -- "$1" | LC_ALL=C grep -cE -e "$2"', "sh", str(run), pattern]))

@@ -295,3 +295,17 @@ def test_a_hung_workers_stdout_and_stderr_stay_one_run(tmp_path):
             "Timeout(ms)=3600000) ran for 3600042 milliseconds before timing out.\n")
     specs = find_runs(tmp_path / "job")
     assert len(specs) == 1, [(s.rel, s.why) for s in specs]
+
+
+@needs_corpus
+def test_identities_do_not_depend_on_the_batch_size(monkeypatch):
+    """The samples are searched in batches of BATCH_CHARS (which bounds the memory they take): one
+    sample per batch gives every file the identity one batch of all gives."""
+    from ncclforensics.scan import identity
+
+    files = sorted(p for case in CASES.values() for p in case.rglob("*") if p.is_file() and p.name != "label.json")
+    specs = [(p, p.name, p.stat().st_size) for p in files]
+    whole = identity.identities(specs)
+    monkeypatch.setattr(identity, "BATCH_CHARS", 1)
+    assert identity.identities(specs) == whole
+    assert len(files) > 20 and any(i.run_ids or i.first for i in whole)

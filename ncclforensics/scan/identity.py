@@ -43,7 +43,7 @@ from ncclforensics.parse import flight_recorder
 HEAD_BYTES = 32 << 10
 TAIL_BYTES = 8 << 10
 MAX_DUMP_SAMPLE = 16 << 20  # Flight Recorder dumps and JSON files read whole up to this size
-BATCH_CHARS = 64 << 20  # sample text searched in one batch
+BATCH_CHARS = 8 << 20  # sample text searched in one batch (its text and polars' copy are held at once)
 # Two pieces whose time spans are further apart than this are two runs ...
 APART = dt.timedelta(minutes=10)
 # ... and this far apart when the later one shows its own torchrun launch after the other had ended
