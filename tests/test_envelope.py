@@ -100,6 +100,9 @@ CASES = [
          "Traceback (most recent call last):", rank=0),
     case("iso-with-zone", "2025-09-14T02:11:53.250+02:00 [default0]:step 4", "step 4", local_rank=0,
          ts=dt.datetime(2025, 9, 14, 0, 11, 53, 250000)),
+    # a log collector's export: the stamp, a tab, the line (Grafana Explore's "Download logs" text)
+    case("collector-tab", "2024-05-02 17:40:11.318\tgpu-w3:4410:4410 [1] NCCL INFO Using network IB",
+         "NCCL INFO Using network IB", host="gpu-w3", pid=4410, ts=dt.datetime(2024, 5, 2, 17, 40, 11, 318000)),
     # -- NCCL_DEBUG heads (§10.1) ----------------------------------------------------------------
     case("nccl-info", "gpu-q17:58213:58213 [5] NCCL INFO Bootstrap : Using ib0:10.42.7.17<0>",
          "NCCL INFO Bootstrap : Using ib0:10.42.7.17<0>", host="gpu-q17", pid=58213),

@@ -59,3 +59,22 @@ def test_a_signature_whose_words_the_wrap_cut(tmp_path):
     kinds = {r["kind"] for r in build_events(whole).events.to_dicts()}
     got = {r["kind"] for r in build_events(cut).events.to_dicts()}
     assert kinds - {"nccl_warn"} and kinds <= got
+
+
+def test_a_child_failed_header_without_its_summary_takes_no_lines(tmp_path: Path):
+    """torchrun's ChildFailedError summary follows its header between `=` borders (FORMATS.md §8.2). A
+    header with no summary after it (a paste cut there, a collector's export in newest-first order)
+    is one line: the lines after it are scanned as theirs, not swallowed into a block."""
+    lines = [
+        "2024-05-02 17:40:12.902\ttorch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "2024-05-02 17:40:12.880\t    raise ChildFailedError(",
+        "2024-05-02 17:40:12.640\tERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) "
+        "local_rank: 1 (pid: 4411) of binary: /usr/bin/python3",
+        "2024-05-02 17:40:11.320\tgpu-w3:4411:4411 [1] misc/shmutils.cc:72 NCCL WARN Error: failed to extend "
+        "/dev/shm/nccl-Qa81 to 9437188 bytes",
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "export.txt").write_text("\n".join(lines) + "\n")
+    kinds = set(build_events(run).events["kind"].cast(str).to_list())
+    assert {"worker_failed", "nccl_shm_error"} <= kinds

@@ -56,10 +56,11 @@ _PEELERS: list[tuple[str, re.Pattern[str]]] = [
     # dmesg --decode columns `kern  :err   : `
     ("facility", re.compile(r"(?:kern|user|daemon|syslog|auth) *:(?:emerg|alert|crit|err|warn|notice|info|debug) *: ")),
     # ISO-ish: `2025-06-10T03:17:42,604118+02:00 `, `2025-09-14 02:11:53 `, `2026-11-22 07:44:19,330 `,
-    # and bracketed `[2025-07-30 11:04:58] ` (NCCL >= 2.26 WARN lines)
+    # and bracketed `[2025-07-30 11:04:58] ` (NCCL >= 2.26 WARN lines); log collectors' exports put a tab
+    # after the stamp (Grafana Explore's "Download logs" text: `<time>\t<line>`, downloadLogsModelAsTxt)
     ("iso", re.compile(
         r"\[?(?P<date>\d{4}-\d\d-\d\d)[T ](?P<hms>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d{1,9}))?"
-        r"(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:? ")),
+        r"(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:?[ \t]")),
     # US-style app stamp `11/22/2026 07:50:18 `
     ("usdate", re.compile(r"(?P<m>\d\d)/(?P<d>\d\d)/(?P<year>\d{4}) (?P<hms>\d\d:\d\d:\d\d)(?:[.,]\d+)? ")),
     # syslog / journal `Jun 10 03:17:42 gpu-q17 kernel: `

@@ -242,6 +242,8 @@ def parse_child_failed(bodies: Callable[[int], str | None], start: int) -> tuple
             tb_lines.append(body)
         i += 1
     close()
+    if not out:  # no summary followed the header (a cut paste, an export in newest-first order): its lines are others'
+        return out, 1
     return out, i - start
 
 
