@@ -378,3 +378,37 @@ def ddp_reducer(ctx: Context, divergent: bool = False) -> list[Hit]:
         collective=stuck_collective(ctx),
         params={"mode": mode, "culprit_ranks": culprits, "divergent": "yes" if divergent else "no"})]
 
+
+
+@detector
+def horovod_missing(ctx: Context) -> list[Hit]:
+    """Horovod's stall report (`Missing ranks:`, one line a rank: the tensors it has not submitted that
+    others have). Ranks missing different tensors ran different code: the minority is off. Ranks that
+    all miss the same tensors, while the others submitted them, are the ones that never got there."""
+    rows = ctx.rows("horovod_missing")
+    if not rows:
+        return []
+    missing: dict[int, str] = {}
+    for r in sorted(rows, key=lambda r: r["line"]):  # the last report of each rank is its latest state
+        x = extra(r)
+        rank, first = x.get("missing_rank"), x.get("first_tensor")
+        if isinstance(rank, int) and first and x.get("first_whole"):  # a name cut off by the paste says nothing
+            missing[rank] = str(first)
+    if not missing:
+        return []
+    groups = {t: sorted(r for r, f in missing.items() if f == t) for t in set(missing.values())}
+    if len(groups) == 1:
+        culprits, strict = sorted(missing), True  # only these ranks are missing what the rest submitted
+    else:
+        culprits, _, strict = minority({r: (t,) for r, t in missing.items()})
+    shown = "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {rank_ranges(rs, count=False)} missing {t}"
+                      for t, rs in sorted(groups.items(), key=lambda g: g[1]))
+    return [Hit(
+        culprits=culprits, evidence=ctx.evidence_rows(ctx.rows("horovod_stall")[:1] + rows),
+        ts=earliest_ts(rows),
+        fields={**rank_fields(culprits), "groups": shown,
+                "reading": (f"{who(culprits)} submitted what the majority did not: another code path"
+                            if len(groups) > 1 and culprits else
+                            f"{who(culprits)} alone never submitted what the other ranks did" if culprits else
+                            "The ranks split into groups of equal size: no majority says which took the other path")},
+        collective=None, confidence=1.0 if strict else 0.5)]
