@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+import polars as pl
 import pytest
 
 from ncclforensics.ingest.envelope import ANSI, UNKNOWN_YEAR, peel, peel_all
@@ -377,3 +378,21 @@ def test_nearest_year_equals_trying_every_year() -> None:
                         rnd.randrange(24), rnd.randrange(60), rnd.randrange(60))
         for not_after in (False, True):
             assert nearest_year(t, ref, not_after=not_after) == _nearest_year_by_search(t, ref, not_after), (t, ref)
+
+
+@pytest.mark.parametrize(("name", "host"), [
+    ("dmesg-T-gpu-h3.txt", "gpu-h3"),  # the `dmesg -T` flag in the name
+    ("kern_node-gpu-h3.log", "gpu-h3"),
+    ("dmesg-gpu-h3.txt", "gpu-h3"),
+    ("dmesg-T-gpu-h9.txt", "T-gpu-h9"),  # no worker names gpu-h9: the name stays as it is
+])
+def test_a_kernel_logs_host_is_the_workers_host_its_name_ends_with(tmp_path, name: str, host: str):
+    from ncclforensics.events import build_events
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank3.log").write_text("gpu-h3:5120:5120 [3] NCCL INFO Bootstrap : Using ib0:10.1.0.3<0>\n")
+    (run / name).write_text("[Fri Jun 27 03:31:10 2025] NVRM: Xid (PCI:0000:c1:00): 79, pid=5120, name=python, "
+                            "GPU has fallen off the bus.\n")
+    ev = build_events(run).events
+    assert ev.filter(pl.col("source") == "kernel")["host"].to_list() == [host]

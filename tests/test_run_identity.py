@@ -309,3 +309,29 @@ def test_identities_do_not_depend_on_the_batch_size(monkeypatch):
     monkeypatch.setattr(identity, "BATCH_CHARS", 1)
     assert identity.identities(specs) == whole
     assert len(files) > 20 and any(i.run_ids or i.first for i in whole)
+
+
+@pytest.mark.parametrize(("minutes_before", "runs"), [(12, 1), (31, 1), (120, 2)])
+def test_a_kernel_log_a_collective_timeout_before_the_workers_stays_with_them(tmp_path, minutes_before, runs):
+    """A piece that says nothing but its times (a kernel log) ends a whole collective timeout (up to 30 min
+    by default) before the workers' first stamped line when its GPU fault is what they waited for: it is
+    not another run. Hours apart, it is."""
+    import datetime as dt
+
+    from ncclforensics.scan.discover import several_runs
+
+    t0 = dt.datetime(2025, 6, 27, 3, 41, 13)
+    fault = t0 - dt.timedelta(minutes=minutes_before)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "slurm-7712.out").write_text(
+        "gpu-h5:5120:5120 [3] NCCL INFO ncclCommInitRank comm 0x55d1 rank 3 nranks 8 cudaDev 3 busId c1000 "
+        "commId 0x1f2e3d4c5b6a7988 - Init COMPLETE\n"
+        f"[rank3]:[E{t0:%m%d %H:%M:%S}.112233 4410 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+        "ran for 600021 milliseconds before timing out.\n")
+    (run / "dmesg-gpu-h5.txt").write_text(
+        f"[{fault:%a %b %d %H:%M:%S %Y}] NVRM: Xid (PCI:0000:c1:00): 79, pid=5121, name=python, "
+        "GPU has fallen off the bus.\n")
+    found = several_runs(run)
+    assert len(found) == (0 if runs == 1 else runs), found

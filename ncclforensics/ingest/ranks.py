@@ -130,10 +130,31 @@ def _node_offsets(df: pl.DataFrame) -> pl.DataFrame:
                            .cast(pl.Int32).alias("rank")).drop("_off")
 
 
+def _kernel_hosts(df: pl.DataFrame) -> pl.DataFrame:
+    """A kernel log's host as its file names it (`dmesg-<host>.txt`, FORMATS.md §2.2) may carry more than
+    the host: `dmesg-T-gpu-h12.txt` (the `dmesg -T` flag in the name). A kernel host that no worker line
+    names, ending in exactly one host the workers name (after `-`, `_` or `.`), is that host."""
+    kernel = pl.col("source") == "kernel"
+    theirs = set(df.filter(~kernel)["host"].drop_nulls().unique().to_list())
+    if not theirs:
+        return df
+    fix = {}
+    for h in df.filter(kernel)["host"].drop_nulls().unique().to_list():
+        if h in theirs:
+            continue
+        ends = [t for t in theirs if len(h) > len(t) and h.endswith(t) and h[-len(t) - 1] in "-_."]
+        if len(ends) == 1:
+            fix[h] = ends[0]
+    if not fix:
+        return df
+    return df.with_columns(pl.when(kernel).then(pl.col("host").replace(fix)).otherwise(pl.col("host")).alias("host"))
+
+
 def fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """Global ranks from local ranks and pids (FORMATS.md §2.1): the map comes from rows having both."""
     if df.is_empty():
         return df
+    df = _kernel_hosts(df)
     df = _line_ranks(df)
     df = _srun_ranks(df)
     # Where a row ran: its node (torchrun log-dir tree, host folder), else its host, else the one host

@@ -46,6 +46,10 @@ MAX_DUMP_SAMPLE = 16 << 20  # Flight Recorder dumps and JSON files read whole up
 BATCH_CHARS = 8 << 20  # sample text searched in one batch (its text and polars' copy are held at once)
 # Two pieces whose time spans are further apart than this are two runs ...
 APART = dt.timedelta(minutes=10)
+# ... unless one of them says nothing but its times (a kernel log, an nvidia-smi dump beside a run): a GPU
+# fault comes a whole collective timeout (10 or 30 min by default, FORMATS.md §3) before the first stamped
+# line of the workers that waited for it
+APART_TIME_ONLY = dt.timedelta(minutes=35)
 # ... and this far apart when the later one shows its own torchrun launch after the other had ended
 # (the clocks of a run's hosts agree to well under this).
 LAUNCH_AFTER_END = dt.timedelta(seconds=30)
@@ -574,7 +578,7 @@ def conflicts(a: Identity, b: Identity) -> list[str]:
     if gap is not None:
         early, late = (a, b) if a.last < b.first else (b, a)
         relaunch = [t for _, t in late.launches if t - early.last > LAUNCH_AFTER_END]
-        if gap > APART:
+        if gap > (APART_TIME_ONLY if _time_only(a) or _time_only(b) else APART):
             why.append(f"{_dur(gap)} apart in time ({_t(early.last)} → {_t(late.first)})")
         elif relaunch and gap > LAUNCH_AFTER_END:
             which = "here" if late is a else "there"
@@ -614,6 +618,12 @@ def duplicate(a: Identity, b: Identity) -> bool:
     if a.ranks and b.ranks and (a.ranks <= b.ranks or b.ranks <= a.ranks) and a.complete and b.complete:
         return True
     return bool(a.hosts and b.hosts and a.hosts == b.hosts and a.ranks == b.ranks)
+
+
+def _time_only(x: Identity) -> bool:
+    """A piece that names no launch, run id, agent, world, master, port, job, commId or rank."""
+    return not (x.launches or x.run_ids or x.agents or x.worlds or x.masters or x.ports or x.jobs or x.comms
+                or x.ranks)
 
 
 def _gap(a: Identity, b: Identity) -> dt.timedelta | None:
