@@ -263,7 +263,22 @@ class Vocabulary:
         undeclared = out.filter(pl.col("role").is_null())["_k"].unique().to_list()
         if undeclared:
             raise VocabularyError(f"event kind(s) {sorted(undeclared)} declared by no signature file")
-        return self._carriers_yield(out).drop("_k", "_default")
+        return self._teardown_yields(self._carriers_yield(out)).drop("_k", "_default")
+
+    @staticmethod
+    def _teardown_yields(out: pl.DataFrame) -> pl.DataFrame:
+        """`terminate called after throwing …` whose `what():` line the paste lost, on a rank whose own
+        watchdog timed out: the watchdog taking the process down (FORMATS.md §3.7, §19.4), a symptom like
+        the `what():` it would have shown, not a crash of that rank's own."""
+        timed_out = out.filter((pl.col("_k") == "watchdog_timeout") & pl.col("rank").is_not_null())["rank"].unique()
+        if timed_out.is_empty():
+            return out
+        lost = ((pl.col("_k") == "cpp_terminate") & pl.col("rank").is_in(timed_out.implode())
+                & pl.col("_default") & ~pl.col("extra").str.contains('"what"').fill_null(False))
+        return out.with_columns(
+            pl.when(lost).then(pl.lit("symptom")).otherwise(pl.col("role")).alias("role"),
+            pl.when(lost).then(pl.lit(None, dtype=pl.Int8)).otherwise(pl.col("strength")).alias("strength"),
+            pl.when(lost).then(pl.lit(None, dtype=out.schema["class"])).otherwise(pl.col("class")).alias("class"))
 
     def _carriers_yield(self, out: pl.DataFrame) -> pl.DataFrame:
         """A carrier row (a traceback's exception, an error.json message) whose line also yields a

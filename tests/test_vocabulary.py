@@ -108,6 +108,19 @@ def test_meanings_reach_the_event_table(tmp_path: Path):
         (79, "gpu_hardware", "cause", 3), (45, "gpu_hardware", "context", None)]
 
 
+def test_a_lost_what_line_after_a_ranks_own_timeout_is_the_watchdogs_teardown(tmp_path: Path):
+    """`terminate called after throwing …` without its `what():` line (cut from the paste) on a rank whose
+    watchdog timed out is the watchdog taking it down (FORMATS.md §3.7): a symptom. On a rank without a
+    timeout of its own it stays a (weak) crash."""
+    (tmp_path / "console.log").write_text(
+        " 1: [E ProcessGroupNCCL.cpp:587] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(OpType="
+        "ALLREDUCE, TensorShape=[1], Timeout(ms)=1800000) ran for 1800419 milliseconds before timing out.\n"
+        " 1: terminate called after throwing an instance of 'std::runtime_error'\n"
+        " 2: terminate called after throwing an instance of 'std::runtime_error'\n")
+    ev = build_events(tmp_path).events.filter(pl.col("kind") == "cpp_terminate").sort("rank")
+    assert ev.select("rank", "role", "class").rows() == [(1, "symptom", None), (2, "cause", "rank_crash")]
+
+
 def test_a_carrier_yields_to_the_specific_event_on_its_line(tmp_path: Path):
     """A traceback whose exception line is a CUDA OOM: the OOM row gives the meaning (FORMATS.md §14.2)."""
     (tmp_path / "r.log").write_text(
