@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ncclforensics.parse.prefilter import HYPERSCAN, LiteralFinder, LiteralSet
+from ncclforensics.parse.prefilter import HYPERSCAN, LiteralSet
 
 LITS = {"strong": ["NCCL WARN", "Watchdog", "WARN"], "weak": ["step", "ep", "é"]}
 ENGINES = [False] + ([True] if HYPERSCAN else [])
@@ -55,12 +55,12 @@ def test_lines_with_is_a_line_search(use_hyperscan: bool, data: bytes) -> None:
 @pytest.mark.parametrize("use_hyperscan", ENGINES)
 @settings(max_examples=200, deadline=None)
 @given(body=st.lists(st.sampled_from(PIECES + ["\ud800", "WARNé"]), max_size=8).map("".join))
-def test_literal_finder_finds_what_in_finds(use_hyperscan: bool, body: str) -> None:
+def test_literals_in_finds_what_in_finds(use_hyperscan: bool, body: str) -> None:
     """SignatureSet.candidates' literals: one scan of a body gives what `lit in body` gives, overlapping
     and non-ASCII literals and a lone surrogate included."""
     lits = [x for group in LITS.values() for x in group] + ["WARNé", "dog"]
-    finder = LiteralFinder(lits, use_hyperscan=use_hyperscan)
-    assert finder.found(body) == {lit for lit in lits if lit in body}
+    finder = LiteralSet({"all": lits}, use_hyperscan=use_hyperscan)
+    assert finder.literals_in(body) == {lit for lit in lits if lit in body}
 
 
 def test_candidates_are_the_signatures_of_the_literals_a_body_holds() -> None:

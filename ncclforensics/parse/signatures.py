@@ -16,7 +16,7 @@ from ncclforensics.atomic import atomic_write
 from ncclforensics.diskcache import cache_dir
 from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import SOURCES
-from ncclforensics.parse.prefilter import LiteralFinder
+from ncclforensics.parse.prefilter import LiteralSet
 from ncclforensics.patternfile import read_table
 from ncclforensics.signals import signal_number
 
@@ -175,12 +175,12 @@ class SignatureSet:
         self._order = {lit: i for i, lit in enumerate(self.by_literal)}
         self._weak_sigs = {lit: [s for s in sigs if s.weak] for lit, sigs in self.by_literal.items()
                            if any(s.weak for s in sigs)}
-        self._finder = LiteralFinder(list(self.by_literal))
+        self._finder = LiteralSet({"prefilter": list(self.by_literal)})
         self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
 
     def candidates(self, body: str, *, weak_only: bool = False) -> list[Signature]:
         """The signatures whose prefilter literals occur in `body`, in signature-file order."""
-        lits = self._finder.found(body)
+        lits = self._finder.literals_in(body)
         if weak_only:
             lits = {lit for lit in lits if lit in self._weak_sigs}
         if not lits:
