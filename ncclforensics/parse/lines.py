@@ -405,7 +405,7 @@ class LineScanner:
             out.append((sig, fields))
         # a signature only the joined text matches (its words cut by the wrap), unless a continuation line
         # matches it alone: that line is scanned on its own
-        pieces = [ANSI.sub("", lines[i + k]) for k in range(1, 5) if lines.has(i + k)]
+        pieces = [ANSI.sub("", lines[i + k]) for k in range(1, 5) if lines.has(i + k)] if more else []
         for sig, fields in more.items():
             if sig.match(body) is None and not any(sig.match(p) is not None for p in pieces):
                 out.append((sig, fields))
@@ -514,8 +514,10 @@ def _continuation(lines: _Lines, j: int) -> str | None:
     if not lines.has(j):
         return None
     nxt = ANSI.sub("", lines[j])
+    if not nxt.strip() or nxt[:1].isspace():  # blank or indented: no peeling needed to say so
+        return None
     e = peel(nxt)
-    if e.key or e.ts is not None or e.sev is not None or not nxt.strip() or nxt[:1].isspace():
+    if e.key or e.ts is not None or e.sev is not None:
         return None
     return nxt
 

@@ -379,7 +379,6 @@ def ddp_reducer(ctx: Context, divergent: bool = False) -> list[Hit]:
         params={"mode": mode, "culprit_ranks": culprits, "divergent": "yes" if divergent else "no"})]
 
 
-
 @detector
 def horovod_missing(ctx: Context) -> list[Hit]:
     """Horovod's stall report (`Missing ranks:`, one line a rank: the tensors it has not submitted that
