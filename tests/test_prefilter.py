@@ -102,3 +102,34 @@ def test_match_all_remembers_bodies_within_bounds(monkeypatch: pytest.MonkeyPatc
                 assert len(sigset._matches) <= 4
     assert all(len(body) <= signatures.MATCH_CACHE_CHARS for body, _ in sigset._matches)
     assert any(sig.event == "watchdog_timeout" for sig, _ in sigset.match_all(bodies[3]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=3000).map(lambda b: b.replace(b"\x00", b"\n")),
+       cut=st.tuples(st.integers(0, 3100), st.one_of(st.none(), st.integers(0, 3100))),
+       sizes=st.sampled_from([(1, 1), (16, 7), (100, 64), (1 << 30, 1)]))
+def test_count_newlines_counts_as_bytes_count(data: bytes, cut: tuple[int, int | None], sizes: tuple[int, int]) -> None:
+    """NumPy's count (ranges of NUMPY_MIN bytes and more, NUMPY_STEP at a time) and bytes.count agree
+    whatever the range and the step; the thresholds are lowered here so that small inputs take both paths."""
+    from ncclforensics.parse import prefilter
+
+    saved = prefilter.NUMPY_MIN, prefilter.NUMPY_STEP
+    prefilter.NUMPY_MIN, prefilter.NUMPY_STEP = sizes
+    try:
+        a, b = cut
+        assert prefilter.count_newlines(data, a, b) == data.count(b"\n", a, b)
+    finally:
+        prefilter.NUMPY_MIN, prefilter.NUMPY_STEP = saved
+
+
+def test_count_newlines_leaves_numpy_unimported_on_small_ranges() -> None:
+    """A small run (sample_logs) never pays NumPy's import: ranges under NUMPY_MIN use bytes.count."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ncclforensics.parse.prefilter import count_newlines, NUMPY_MIN; "
+            "n = count_newlines(b'a\\n' * (NUMPY_MIN // 2 - 1)); "
+            "assert 'numpy' not in sys.modules, 'imported'; "
+            "assert count_newlines(b'a\\n' * NUMPY_MIN) == NUMPY_MIN; assert 'numpy' in sys.modules; print(n)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 0

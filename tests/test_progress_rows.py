@@ -57,3 +57,30 @@ def test_the_tail_walk_stops_sooner_in_a_file_of_one_worker(tmp_path: Path, layo
     found = ev.filter(pl.col("line") == 31).height > 0
     # in one worker's file a line 25 hits back is not looked for; in a console it is found
     assert found is (layout == "console")
+
+
+@pytest.mark.parametrize("gap_blocks", [0, 3, 12])
+def test_tail_rows_carry_their_own_line_numbers_when_weak_lines_are_sparse(tmp_path: Path, gap_blocks: int):
+    """A worker's file of NCCL `COLL` lines with a progress line every few hundred KB (progress every 50
+    steps): the tail walk goes back over blocks holding no weak literal, and every row it keeps must
+    carry the line number the line has in the file (an earlier walk counted the skipped blocks'
+    newlines into the next block's and numbered its lines past their place)."""
+    coll = ("gpu-a:101:202 [0] NCCL INFO AllReduce: opCount {n:x} sendbuff 0x7f04e09f5000 recvbuff "
+            "0x7f04e09f5000 count 6553600 datatype 7 op 0 root 0 comm 0x5582f53b7639 [nranks=8] stream 0x55e7")
+    per_gap = gap_blocks * (64 << 10) // len(coll.format(n=0)) + 5
+    lines, want = [], []
+    for s in range(4):
+        lines += [coll.format(n=len(lines) + k) for k in range(per_gap)]
+        lines.append(f"step {s * 50} loss 1.{s}")
+        want.append(len(lines))
+    lines += [coll.format(n=len(lines) + k) for k in range(7)]
+    path = tmp_path / "run" / "host-a/none_x1/attempt_0/0/stdout.log"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(lines) + "\n")
+    ev = build_events(tmp_path / "run").events
+    prog = ev.filter(pl.col("kind") == "step_progress").sort("line")
+    assert prog.height >= 2
+    text_at = {i + 1: line for i, line in enumerate(lines)}
+    for line, text in zip(prog["line"].to_list(), prog["text"].to_list(), strict=True):
+        assert text_at[line] == text, (line, text)
+    assert prog["line"].to_list()[-KEEP_PROGRESS:] == want[-KEEP_PROGRESS:]

@@ -12,6 +12,7 @@ from ncclforensics.errors import ForensicsError
 from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.discover import Source, iter_sources, roots_of
 from ncclforensics.ingest.envelope import ANSI
+from ncclforensics.parse.prefilter import count_newlines
 
 # Reading stops after this many bytes of one run (decompressed): a line deep in a 50 GB console is not
 # worth a minute. The spots past it get a note instead of lines.
@@ -150,7 +151,8 @@ def _read(src: Source, name: str, spans: list[tuple[int, int]], budget: list[int
     note = ""
     for data in chunks:
         budget[0] -= len(data)
-        lo, hi = line_no, line_no + data.count(b"\n") - (1 if data.endswith(b"\n") else 0)
+        newlines = count_newlines(data)
+        lo, hi = line_no, line_no + newlines - (1 if data.endswith(b"\n") else 0)
         hits = [(max(a, lo), min(b, hi)) for a, b in spans if a <= hi and b >= lo]
         if hits:
             lines = data.split(b"\n")
@@ -161,7 +163,7 @@ def _read(src: Source, name: str, spans: list[tuple[int, int]], budget: list[int
                 if take < b - a + 1:
                     note = "more lines than the context limit: the rest are not shown"
                     break
-        line_no += data.count(b"\n")
+        line_no += newlines
         if hi >= last_wanted or note:
             break
         if budget[0] <= 0:

@@ -17,6 +17,7 @@ from ncclforensics.ingest.items import ChunkRead, Item, TailRead
 from ncclforensics.ingest.shares import Slice
 from ncclforensics.parse import flight_recorder
 from ncclforensics.parse.lines import TAIL_CHARS, FileContext, LineScanner
+from ncclforensics.parse.prefilter import count_newlines
 from ncclforensics.parse.torchrun_error import error_file_rows, is_error_file
 
 MAX_JSON_BYTES = 64 << 20
@@ -136,7 +137,7 @@ def tail_of(last: ChunkRead, before_last: bytes, next_line: int) -> TailRead:
         cut = before_last.find(b"\n", max(0, len(before_last) - (TAIL_CHARS - len(data))))
         if cut >= 0:
             data = before_last[cut + 1 :] + data
-            first = next_line - data.count(b"\n")
+            first = next_line - count_newlines(data)
     return TailRead(last.ctx, data, first, last.prep)
 
 

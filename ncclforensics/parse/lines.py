@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ncclforensics.ingest.envelope import ANSI, ENVELOPE_CHARS, ENVELOPE_STARTS, Envelope, peel, peel_all, plain
 from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, TEXT_LIMIT
 from ncclforensics.parse import blocks
-from ncclforensics.parse.prefilter import LiteralSet
+from ncclforensics.parse.prefilter import LiteralSet, count_newlines
 from ncclforensics.parse.signatures import SignatureSet
 
 BLOCK_SIZE = 64 << 10
@@ -150,10 +150,10 @@ class LineScanner:
         n = at = 0
         for k in marks:
             a = spans[k][0]
-            n += data.count(b"\n", at, a)
+            n += count_newlines(data, at, a)
             at = a
             before[k] = n
-        n += data.count(b"\n", at)
+        n += count_newlines(data, at)
         return Chunk(data, spans, [(k, before[k]) for k in hit], n, (k0, before[k0]))
 
     def prepare_chunks(self, datas: list[bytes]) -> list[Chunk]:
@@ -167,7 +167,7 @@ class LineScanner:
         data = prep.data
         for bi, before in prep.hits:
             a, b = prep.spans[bi]
-            nl = data.count(b"\n", a, b)
+            nl = count_newlines(data, a, b)
             n_own = nl + (1 if b == len(data) and not data.endswith(b"\n") else 0)
             lines = _Lines(data, a, b)
             sel = self.line_set.lines_with(data, a, b)
@@ -193,8 +193,8 @@ class LineScanner:
             k0 = next((k for k, (_, b) in enumerate(spans) if b > start), len(spans))
             if k0 == len(spans):
                 return
-            before = data.count(b"\n", 0, spans[k0][0])
-            tail_newlines = data.count(b"\n", spans[k0][0])
+            before = count_newlines(data, 0, spans[k0][0])
+            tail_newlines = count_newlines(data, spans[k0][0])
         if k0 >= len(spans):
             return
         self._walk_tail(ctx, data, spans[k0:], first_line + before, tail_newlines)
@@ -210,45 +210,37 @@ class LineScanner:
                    newlines: int) -> None:
         """Weak signatures (progress, side work) on the tail's weak lines: each rank's last news.
 
-        Walks back from the end, block by block and line by line, keeping the last TAIL_PER_WRITER
+        Walks back from the end line by line, keeping the last TAIL_PER_WRITER
         hits of each writer (rank), and stops once TAIL_QUIET hits in a row brought no new writer: a
         per-rank file stops after a few lines, a console shared by hundreds of ranks goes back
         until it has seen them all. In a file a launcher wrote for one worker every writer is that
         rank (its prints, torch's `[rankN]:` lines, NCCL's): TAIL_QUIET_ONE hits are enough there.
-        `spans` are the tail's blocks, `newlines` the newlines in them; only the blocks holding a weak
-        literal are decoded, as the walk reaches them.
+        `spans` are the tail's blocks, `newlines` the newlines in them. One backward search over the
+        tail (prefilter.LiteralSet.lines_backward: windows doubling from the end) finds the weak lines
+        and counts newlines only as far back as the walk goes: a file whose weak lines are sparse (a
+        progress line every 50 steps among NCCL's `COLL` lines) is searched once, not once to find
+        the blocks holding a weak literal and again for their lines.
         """
-        hit = self.weak_set.blocks_with_any(data, spans)
-        if not hit:
-            return
         kept: dict[object, int] = {}
         quiet = 0
         quiet_max = TAIL_QUIET_ONE if ctx.one_process else TAIL_QUIET
-        end = spans[-1][1]
-        pos, after = end, 0  # newlines in data[pos:end], counted back only as far as the walk goes
-        for k in reversed(hit):
-            a, b = spans[k]
-            nl = data.count(b"\n", a, pos)
-            after += nl
-            pos = a
-            base = first_line + newlines - after  # the line number of the block's first line
-            for i, text in self.weak_set.lines_backward(data, a, b, newlines=nl):
-                if quiet > quiet_max:
-                    return
-                if kept.get(_TAIL_PLAIN, 0) >= TAIL_PER_WRITER and plain(text):
-                    quiet += 1  # a line without envelope: that writer, known already (as below)
-                    kept[_TAIL_PLAIN] += 1
+        for i, text in self.weak_set.lines_backward(data, spans[0][0], spans[-1][1], newlines=newlines):
+            if quiet > quiet_max:
+                return
+            if kept.get(_TAIL_PLAIN, 0) >= TAIL_PER_WRITER and plain(text):
+                quiet += 1  # a line without envelope: that writer, known already (as below)
+                kept[_TAIL_PLAIN] += 1
+                continue
+            clean = ANSI.sub("", text[:MAX_LINE])
+            for env in peel_all(clean):
+                who = env.rank if env.rank is not None else (env.local_rank, env.key)
+                n = kept.get(who, 0)
+                quiet = 0 if n == 0 else quiet + 1
+                kept[who] = n + 1
+                if n >= TAIL_PER_WRITER:
                     continue
-                clean = ANSI.sub("", text[:MAX_LINE])
-                for env in peel_all(clean):
-                    who = env.rank if env.rank is not None else (env.local_rank, env.key)
-                    n = kept.get(who, 0)
-                    quiet = 0 if n == 0 else quiet + 1
-                    kept[who] = n + 1
-                    if n >= TAIL_PER_WRITER:
-                        continue
-                    for sig, fields in self.sigset.match_all(env.body, weak_only=True):
-                        self._emit(ctx, sig.source, sig.event, fields, env, base + i, clean)
+                for sig, fields in self.sigset.match_all(env.body, weak_only=True):
+                    self._emit(ctx, sig.source, sig.event, fields, env, first_line + i, clean)
 
     # -- line level --------------------------------------------------------------------
     def _scan_block(self, lines: _Lines, idx: list[int], line0: int, ctx: FileContext) -> list[tuple[int, int]]:

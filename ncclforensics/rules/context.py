@@ -82,30 +82,60 @@ class Context:
     def rows(self, *kinds: str) -> list[dict]:
         """Rows of these (declared) kinds, in table order."""
         vocabulary().check(*kinds)
-        return [r for r in self.all_rows if r["kind"] in kinds]
+        by_kind = self._by_kind
+        if len(kinds) == 1:
+            return [self.all_rows[i] for i in by_kind.get(kinds[0], ())]
+        at = sorted(i for k in dict.fromkeys(kinds) for i in by_kind.get(k, ()))
+        return [self.all_rows[i] for i in at]
 
     @cached_property
     def all_rows(self) -> list[dict]:
-        """Every row as a dict, built once (detectors read it; none may change a row)."""
-        return self.events.to_dicts()
+        """Every row as a dict, built once (detectors read it; none may change a row). From the columns'
+        lists: a quarter faster than DataFrame.to_dicts on a table of tens of thousands of rows."""
+        names = self.events.columns
+        return [dict(zip(names, values, strict=True))
+                for values in zip(*(s.to_list() for s in self.events.get_columns()), strict=True)]
+
+    @cached_property
+    def _by_kind(self) -> dict[str, list[int]]:
+        """kind -> the table positions of its rows: detectors ask for a few kinds of a table that may
+        hold tens of thousands of rows (one per rank and line), many times."""
+        out: dict[str, list[int]] = {}
+        for i, r in enumerate(self.all_rows):
+            out.setdefault(r["kind"], []).append(i)
+        return out
+
+    @cached_property
+    def _by_role(self) -> dict[str | None, list[dict]]:
+        """role -> its rows, in table order."""
+        out: dict[str | None, list[dict]] = {}
+        for r in self.all_rows:
+            out.setdefault(r["role"], []).append(r)
+        return out
+
+    @cached_property
+    def _cause_rows(self) -> list[dict]:
+        """What causes() chooses from: cause rows but a Flight Recorder's and the exit reports that
+        follow from a rank's own lines."""
+        explained = self._ranks_with_own_lines
+        return [r for r in self._by_role.get(CAUSE, ()) if r["source"] != "flight_recorder"
+                and not (r["rank"] in explained and _is_agent_row(r))]
 
     def causes(self, cls: RootCause | None = None, *, min_strength: Strength = Strength.WEAK) -> list[dict]:
         """Cause rows (their signature says they can be a root), of one class if given. A launcher's
         exit report of a rank whose own lines show a cause or a symptom follows from it (a rank that
         raised or timed out exits too), so it is no cause of its own."""
-        explained = self._ranks_with_own_lines
-        return [r for r in self.all_rows if r["role"] == CAUSE and (cls is None or r["class"] == cls.value)
-                and (r["strength"] or 0) >= min_strength and r["source"] != "flight_recorder"
-                and not (r["rank"] in explained and _is_agent_row(r))]
+        return [r for r in self._cause_rows if (cls is None or r["class"] == cls.value)
+                and (r["strength"] or 0) >= min_strength]
 
     @cached_property
     def _ranks_with_own_lines(self) -> set[int]:
         """Ranks whose own lines show a cause or a symptom: their exit report follows from it."""
-        return {r["rank"] for r in self.all_rows if r["rank"] is not None and not _is_agent_row(r)
-                and r["role"] in (CAUSE, SYMPTOM)}
+        return {r["rank"] for role in (CAUSE, SYMPTOM) for r in self._by_role.get(role, ())
+                if r["rank"] is not None and not _is_agent_row(r)}
 
     def symptoms(self, cls: RootCause | None = None) -> list[dict]:
-        return [r for r in self.all_rows if r["role"] == SYMPTOM and (cls is None or r["class"] == cls.value)]
+        return [r for r in self._by_role.get(SYMPTOM, ()) if cls is None or r["class"] == cls.value]
 
     # -- facts -------------------------------------------------------------------------
     @cached_property
@@ -190,14 +220,14 @@ class Context:
 
     @cached_property
     def first_symptom_ts(self):
-        ts = [r["ts"] for r in self.all_rows if r["ts"] is not None and is_symptom_row(r)]
+        ts = [r["ts"] for r in self._by_role.get(SYMPTOM, ()) if r["ts"] is not None]
         return min(ts) if ts else None
 
     @cached_property
     def symptom_ranks(self) -> set[int]:
         """Ranks with a row showing they reacted to a peer (timeouts, closed connections)."""
-        return {r["rank"] for r in self.all_rows
-                if r["rank"] is not None and not _is_agent_row(r) and is_symptom_row(r)}
+        return {r["rank"] for r in self._by_role.get(SYMPTOM, ())
+                if r["rank"] is not None and not _is_agent_row(r)}
 
     @cached_property
     def self_failures(self) -> dict[int, dict]:
@@ -208,9 +238,9 @@ class Context:
         """
         out: dict[int, dict] = {}
         symptomatic = self.symptom_ranks
-        for r in self.all_rows:
+        for r in self._by_role.get(CAUSE, ()):
             rank = r["rank"]
-            if rank is None or r["source"] == "flight_recorder" or not is_cause_row(r):
+            if rank is None or r["source"] == "flight_recorder":
                 continue
             if _is_agent_row(r) and (r.get("code") == 0 or rank in symptomatic):
                 continue

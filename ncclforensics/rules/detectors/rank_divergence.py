@@ -206,7 +206,7 @@ TIMING_SLACK = dt.timedelta(seconds=90)
 
 
 def _news(ctx: Context, rank: int, adopted: list[dict]) -> list[dict]:
-    own = [r for r in ctx.all_rows if r["rank"] == rank and r["kind"] in _NEWS_KINDS]
+    own = [r for r in ctx.rows(*_NEWS_KINDS) if r["rank"] == rank]
     own += [dict(r, _adopted=True) for r in adopted]
     own.sort(key=lambda r: (r["ts"] is None, r["ts"], r["file"], r["line"]))
     return own
