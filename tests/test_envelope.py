@@ -7,6 +7,8 @@ import time
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ncclforensics.ingest.envelope import ANSI, UNKNOWN_YEAR, peel, peel_all
 
@@ -396,3 +398,40 @@ def test_a_kernel_logs_host_is_the_workers_host_its_name_ends_with(tmp_path, nam
                             "GPU has fallen off the bus.\n")
     ev = build_events(run).events
     assert ev.filter(pl.col("source") == "kernel")["host"].to_list() == [host]
+
+
+# pieces of lines that hold, nearly hold or glue envelopes (§1.5–§1.8)
+_PIECES = ["[rank3]:", "[default1]:", "[E1125 07:44:17.123456789 ", "W1122 07:44:23.407000 873 torch/x.py:12] ",
+           "step 5 ", "loss=0.7]", ":", "07:44", "[", "]", " ", "x", "12", "\r", "gpu-a:12:34 [0] NCCL INFO ", "é"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_PIECES), max_size=10))
+def test_peeling_a_line_again_answers_the_same(pieces: list[str]) -> None:
+    """peel remembers the lines it peeled last: a second peel of a line gives an equal envelope, a copy
+    of its own (a caller that changes its body changes nobody else's), and peel_all is unchanged."""
+    from ncclforensics.ingest import envelope
+
+    line = "".join(pieces)
+    envelope._peeled.clear()
+    first = peel(line)
+    fields = {n: getattr(first, n) for n in envelope.Envelope.__slots__}
+    first.body = "changed"
+    again = peel(line)
+    assert again is not first
+    assert {n: getattr(again, n) for n in envelope.Envelope.__slots__} == fields
+    assert {n: getattr(envelope._peel(line), n) for n in envelope.Envelope.__slots__} == fields
+    seq = [{n: getattr(e, n) for n in envelope.Envelope.__slots__} for e in peel_all(line)]
+    assert [{n: getattr(e, n) for n in envelope.Envelope.__slots__} for e in peel_all(line)] == seq
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_PIECES), max_size=10))
+def test_the_glued_header_test_is_never_wrong(pieces: list[str]) -> None:
+    """_may_glue is the cheap test before the glued-header search: whenever the search finds a header,
+    the test said it might."""
+    from ncclforensics.ingest import envelope
+
+    body = "".join(pieces)
+    if envelope._GLUED.search(body, 1) is not None:
+        assert envelope._may_glue(body)
