@@ -99,6 +99,11 @@ class Signature:
         return out
 
 
+_MS = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
+_MS_SCALE = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}
+_NUMBER = re.compile(r"\d+")
+
+
 def convert(kind: str, raw: str) -> object | None:
     raw = raw.strip()
     try:
@@ -108,14 +113,14 @@ def convert(kind: str, raw: str) -> object | None:
         if kind == "float":
             return float(raw)
         if kind == "ms":
-            num = re.match(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?", raw)
+            num = _MS.match(raw)
             if not num:
                 return None
-            scale = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}[num.group(2)]
+            scale = _MS_SCALE[num.group(2)]
             value = float(num.group(1)) * scale
             return int(value) if value < 2**63 else None
         if kind == "ranks":
-            return [int(x) for x in re.findall(r"\d+", raw)]
+            return [int(x) for x in _NUMBER.findall(raw)]
         if kind == "signal":
             return signal_number(raw)
     except (ValueError, OverflowError):
