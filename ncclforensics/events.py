@@ -23,7 +23,7 @@ from ncclforensics.ingest.reader import Reader
 from ncclforensics.ingest.table import event_table
 from ncclforensics.model import EVENT_SCHEMA, Skipped
 from ncclforensics.parse.lines import KEEP_PROGRESS, FileContext, LineScanner
-from ncclforensics.parse.prefilter import numpy_module
+from ncclforensics.parse.prefilter import NUMPY_MIN, numpy_module
 from ncclforensics.parse.signatures import load_signatures
 
 
@@ -101,7 +101,8 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
         mp = multiprocessing.get_context("fork")
     except ValueError:
         return None  # no fork on this platform
-    numpy_module()  # imported now, not by a thread while a child forks (a run read in shares is large)
+    if any(sh.largest >= NUMPY_MIN for sh in plan):
+        numpy_module()  # imported now (it will be used), never by a thread while a child forks
     workers = []
     for share in plan[1:]:
         recv, send = mp.Pipe(duplex=False)

@@ -268,3 +268,36 @@ def test_a_daemon_process_reads_every_share_itself(tmp_path, share_everything, m
     share_everything.clear()
     _same(one, events.build_events(run, jobs=3))
     assert sorted(s.index for s in share_everything if s is not None) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_numpy_is_imported_before_forking_only_for_a_run_that_will_count_with_it(tmp_path, big):
+    """A run read in shares imports NumPy before it forks its readers when a share holds a file of
+    NUMPY_MIN bytes or more (newline counts of large ranges), never for a run of small files: NumPy
+    costs ~75 ms and ~15 MB a process."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    line = "[rank0]:[E1122 07:44:17.000000000 ProcessGroupNCCL.cpp:632] step 5 loss 0.1\n"
+    for k in range(6):
+        (run / f"rank{k}.log").write_text(line.replace("rank0", f"rank{k}") * 50)
+    if big:
+        (run / "console.log").write_text(line * (prefilter_min() // len(line) + 10))
+    code = ("import sys; from ncclforensics import events; events.SHARE_MIN_BYTES = 1; "
+            "from ncclforensics.parse import prefilter; "
+            "forks = []; "
+            "import multiprocessing.context as c; real = c.ForkProcess._Popen; "
+            "c.ForkProcess._Popen = staticmethod(lambda p: (forks.append('numpy' in sys.modules), real(p))[1]); "
+            f"res = events.build_events({str(run)!r}, jobs=2); "
+            "print(res.events.height, forks)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
+    assert int(out[0]) > 0
+    assert out[1].strip() == ("[True]" if big else "[False]")
+
+
+def prefilter_min() -> int:
+    from ncclforensics.parse.prefilter import NUMPY_MIN
+
+    return NUMPY_MIN

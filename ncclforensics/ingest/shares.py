@@ -47,6 +47,7 @@ class Share:
     index: int
     whole: set[Key] = field(default_factory=set)
     slices: dict[Key, list[Slice]] = field(default_factory=dict)
+    largest: int = 0  # bytes of its largest entry or slice (events._read_shared)
 
     def owns(self, root: int, entry: int) -> bool:
         return (root, entry) in self.whole or (root, entry) in self.slices
@@ -84,6 +85,7 @@ def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES) -> list
     for key, chunk, size in units:
         owner = min(n - 1, int((done + size / 2) * n / total))
         done += size
+        shares[owner].largest = max(shares[owner].largest, size)
         if chunk is None:
             shares[owner].whole.add(key)
         else:
