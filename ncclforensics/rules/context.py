@@ -90,11 +90,8 @@ class Context:
 
     @cached_property
     def all_rows(self) -> list[dict]:
-        """Every row as a dict, built once (detectors read it; none may change a row). From the columns'
-        lists: a quarter faster than DataFrame.to_dicts on a table of tens of thousands of rows."""
-        names = self.events.columns
-        return [dict(zip(names, values, strict=True))
-                for values in zip(*(s.to_list() for s in self.events.get_columns()), strict=True)]
+        """Every row as a dict, built once (detectors read it; none may change a row)."""
+        return self.events.to_dicts()
 
     @cached_property
     def _by_kind(self) -> dict[str, list[int]]:
