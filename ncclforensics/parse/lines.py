@@ -94,7 +94,7 @@ class LineScanner:
     the million (NCCL_DEBUG noise, a progress line per step): `blocks` finds the ~64 KiB blocks
     holding an anchor (every strong literal contains one) or a colour code; `lines` selects, in a
     hit block, the lines holding an anchor, a colour code or a weak literal; `weak` finds the
-    blocks of a file's end holding a weak literal, walked back from the end only as far as needed.
+    lines of a file's end holding a weak literal, searched back from the end only as far as needed.
     """
 
     def __init__(self, sigset: SignatureSet) -> None:

@@ -31,6 +31,9 @@ HYPERSCAN = _hs is not None
 # 256 KB), and a run of small files never imports NumPy (~75 ms, ~15 MB of memory a process). Counted
 # NUMPY_STEP bytes at a time: the comparison's temporary array stays in the CPU cache.
 NUMPY_MIN = 1 << 20
+# lines_backward's windows double up to this: a walk over a whole tail (lines._walk_tail) that stops
+# early in a dense stretch never searches, and calls back for, more than one such window past its stop
+MAX_WINDOW = 64 << 10
 NUMPY_STEP = 256 << 10
 _np: object = None  # the numpy module once imported; False where it cannot be
 _np_lock = threading.Lock()
@@ -253,7 +256,7 @@ class LiteralSet:
                 pos = line_start
                 yield newlines - after, data[line_start:line_end].decode("utf-8", "replace")
             end = start
-            window *= 2
+            window = min(2 * window, MAX_WINDOW)
 
 
 def _database(expressions: list[bytes], flags: int, *, literal: bool) -> object:
