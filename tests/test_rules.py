@@ -185,3 +185,29 @@ def test_two_findings_that_explain_each_other_leave_one_root(swap):
     c = _finding("checkpoint_save", 0.8, t, ("rank_crash",), "CKz")
     d = _finding("rank_crash", 0.9, t, ("checkpoint_save",), "RCz")
     assert order([c, d]) is d and c.role is Role.CASCADE
+
+
+def test_an_exit_code_explains_no_finding_of_substance():
+    """A finding on weak evidence alone (an exit code: every rank of a failed run exits non-zero, the
+    waiting ones too) neither makes a credible finding its cascade nor wins as the earlier one; where
+    nothing else stands it is still the verdict, and it still yields to others."""
+    import datetime as dt
+
+    from ncclforensics.model import Role
+    from ncclforensics.rules.engine import order
+
+    t = dt.datetime(2024, 6, 11, 13, 33)
+    exit_code = _finding("rank_crash", 0.45, t, (), "RC900")
+    exit_code.params["strength"] = 1
+    lagging = _finding("rank_divergence", 0.63, None, ("rank_crash",), "RD007")
+    assert order([lagging, exit_code]) is lagging
+    assert (lagging.role, exit_code.role) == (Role.ROOT, Role.CONTEXT)
+    # the same finding on strong evidence (a traceback) does explain the lagging rank
+    crash = _finding("rank_crash", 0.45, t, (), "RC900")
+    crash.params["strength"] = 2
+    lagging = _finding("rank_divergence", 0.63, None, ("rank_crash",), "RD007")
+    assert order([lagging, crash]) is crash and lagging.role is Role.CASCADE
+    # alone, an exit code is the verdict
+    alone = _finding("rank_crash", 0.45, t, (), "RC900")
+    alone.params["strength"] = 1
+    assert order([alone]) is alone

@@ -125,6 +125,8 @@ def order(findings: list[Finding]) -> Finding | None:
             for g in by_class.get(cls, []):
                 if g is f or g.confidence < CREDIBLE * f.confidence:
                     continue  # a far weaker finding explains nothing
+                if _weak_only(g) and not _weak_only(f):
+                    continue  # an exit code ends every failed run: it cannot explain a finding of substance
                 if f.root_cause.value in g.yields_to and _stays(f, g, findings):
                     continue  # each would explain the other: the stronger (else the earlier) stays
                 if f.ts is None or g.ts is None or g.ts <= f.ts + CASCADE_SLACK:
@@ -137,14 +139,22 @@ def order(findings: list[Finding]) -> Finding | None:
         return None
     best = max(f.confidence for f in live)
     contenders = [f for f in live if f.confidence >= best - 0.2]
-    timed = sorted((f for f in contenders if f.ts is not None), key=lambda f: f.ts)
     root = max(contenders, key=lambda f: f.confidence)
+    timed = sorted((f for f in contenders if f.ts is not None and (_weak_only(root) or not _weak_only(f))),
+                   key=lambda f: f.ts)
     if timed and timed[0].confidence >= root.confidence - 0.2 and timed[0] is not root:
         if root.ts is None or timed[0].ts + CASCADE_SLACK < root.ts:
             root = timed[0]
     for f in live:
         f.role = Role.ROOT if f is root else Role.CONTEXT
     return root
+
+
+def _weak_only(f: Finding) -> bool:
+    """Whether a finding rests on weak evidence alone (an exit code, a launcher's report of one:
+    DESIGN.md §3): every rank of a failed run exits non-zero, the waiting ones too, so such a finding
+    may be the verdict where nothing else is, but it never makes another finding its consequence."""
+    return f.params.get("strength") == 1
 
 
 def _stays(f: Finding, g: Finding, findings: list[Finding]) -> bool:
