@@ -71,10 +71,37 @@ def op_mismatch(ctx: Context) -> list[Hit]:
         hits.append(Hit(
             culprits=culprits, evidence=ctx.evidence_rows(rows),
             fields={"pg": pg, "seq": seq if seq is not None else "?", "ops": ops,
-                    "at": f"SeqNum {seq}" if seq is not None else "the same point (this torch prints no SeqNum)"},
+                    "at": (f"SeqNum {seq}" if seq is not None else "the same point (this torch prints no SeqNum)")
+                    + f" of process group {pg}"},
             ts=earliest_ts(rows), collective=Collective(pg=pg, op_type=top[0] if top else None, seq=seq),
             confidence=1.0 if strict else 0.5, params={"mode": "extra_collective"}))
-    return hits
+    return hits or _unranked_op_mismatch(ctx)
+
+
+# point-to-point operations differ across pipeline stages by design: a SEND beside a RECV is no divergence
+_P2P = ("SEND", "RECV", "RECVANYSOURCE")
+
+
+def _unranked_op_mismatch(ctx: Context) -> list[Hit]:
+    """Timeouts that name no rank and no SeqNum (torch <= 1.10's blocking wait raises `Caught collective
+    operation timeout: WorkNCCL(OpType=…, TensorShape=…)` from `work.wait()` in the rank's own thread,
+    once per rank: FORMATS.md §19.4) in different collectives: some ranks ran another call. Which ranks
+    the lines came from is unknown, so no culprit is named; and without a process group in the line the
+    collectives may belong to different groups, so the finding is moderate."""
+    rows = ctx.rows("watchdog_timeout")
+    if not rows or any(r["rank"] is not None or r["seq"] is not None or r["pg"] is not None for r in rows):
+        return []
+    ops = Counter(r["op"] for r in rows if r["op"] and r["op"].upper() not in _P2P)
+    if len(ops) < 2 or sum(ops.values()) < 3:
+        return []
+    (top, n), (_, n2) = ops.most_common(2)
+    words = ", ".join(f"{o} ×{c}" for o, c in sorted(ops.items()))
+    return [Hit(
+        culprits=[], evidence=ctx.evidence_rows(sorted(rows, key=lambda r: r["op"] == top)),
+        fields={"pg": "?", "seq": "?", "ops": words,
+                "at": "the same point (the timeouts name no rank, SeqNum or process group)"},
+        ts=earliest_ts(rows), collective=Collective(op_type=top if n > n2 else None),
+        confidence=0.6, params={"mode": "extra_collective"})]
 
 
 @detector
@@ -119,7 +146,12 @@ def fingerprint_mismatch(ctx: Context) -> list[Hit]:
     if not rows:
         return []
     fr = ctx.frontier.filter(pl.col("fp_op").is_not_null())
-    pos = {r["rank"]: (r["fp_seq"], r["fp_op"], r["fp_shape"]) for r in fr.iter_rows(named=True)}
+    # the tensors' dtypes vote too (a Float loss beside the others' BFloat16 one: FORMATS.md §7.1's
+    # `Tensor Tensor dtypes` aspect), but only where every rank's are known: a fingerprint cut before
+    # them is no other dtype
+    dtypes = fr["fp_dtypes"].null_count() == 0
+    pos = {r["rank"]: (r["fp_seq"], r["fp_op"], r["fp_shape"]) + ((r["fp_dtypes"],) if dtypes else ())
+           for r in fr.iter_rows(named=True)}
     culprits, top, strict = minority(pos) if len(pos) >= 3 else ([], None, False)
     confidence = 1.0
     if not strict and len(pos) == 2:
