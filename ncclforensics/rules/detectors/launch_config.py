@@ -1,4 +1,5 @@
-"""Launch configuration: two ranks on one GPU, /dev/shm too small or closed, wrong devices, no main guard."""
+"""Launch configuration: two ranks on one GPU, /dev/shm too small or closed, wrong devices, no main guard,
+the env:// rendezvous's variables unset."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 
 from ncclforensics.model import Collective, RootCause
 from ncclforensics.rules.context import Context, culprits_named, extra
-from ncclforensics.rules.detectors.common import Hit, detector, earliest_ts
+from ncclforensics.rules.detectors.common import Hit, detector, earliest_ts, rank_fields
 from ncclforensics.vocabulary import vocabulary
 
 # which launch problem each kind of launch_config evidence shows (the kinds' meanings are in patterns/)
@@ -15,6 +16,7 @@ _PROBLEM_KINDS = {
     "shm": ("nccl_shm_error",),
     "device": ("cuda_error", "cuda_error_hint", "wrong_device", "exception", "exception_line"),
     "main_guard": ("spawn_bootstrap", "exception"),
+    "env": ("env_unset",),
 }
 
 
@@ -46,7 +48,8 @@ def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
     if problem == "shm":
         mode = "shm_permission" if "Permission denied" in errors else "shm"
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows), ts=earliest_ts(rows),
-                fields={"what": (first.get("detail") or first["text"] or "")[:200],
+                fields={"what": (first.get("detail") or first["text"] or "")[:200], **rank_fields(culprits),
+                        "var": extra(first).get("var") or "a variable",
                         "shm_problem": "not permitted" if mode == "shm_permission" else "too small"},
                 hosts=sorted({r["host"] for r in rows if r["host"]}), collective=Collective(),
                 confidence=1.0 if first["strength"] >= 2 else 0.6,
