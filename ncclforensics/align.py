@@ -21,7 +21,7 @@ FRONTIER_SCHEMA = {
     "timeout_seq": pl.Int64, "timeout_op": pl.Utf8, "timeout_numel_in": pl.Int64,
     "timeout_ms": pl.Int64, "timeout_ts": pl.Datetime("us", "UTC"),
     "fr_last_seq": pl.Int64, "fr_last_op": pl.Utf8, "fr_last_numel": pl.Int64, "fr_entries": pl.Int64,
-    "exc_op": pl.Utf8, "fp_seq": pl.Int64, "fp_op": pl.Utf8, "fp_shape": pl.Utf8,
+    "exc_op": pl.Utf8, "fp_seq": pl.Int64, "fp_op": pl.Utf8, "fp_shape": pl.Utf8, "fp_dtypes": pl.Utf8,
     "dump_src": pl.Int64, "err_seq": pl.Int64, "err_op": pl.Utf8, "err_numel": pl.Int64,
 }
 
@@ -124,13 +124,13 @@ def frontier(events: pl.DataFrame) -> pl.DataFrame:
         s = slot(DEFAULT_PG, a, r["host"] if a == r["rank"] else None)
         if x.get("seq_a") is not None:
             s["fp_seq"] = x["seq_a"] + 1  # SequenceNumber counts the collectives issued before (§7.1)
-        s["fp_op"], s["fp_shape"] = r["op"], x.get("shape_a")
+        s["fp_op"], s["fp_shape"], s["fp_dtypes"] = r["op"], x.get("shape_a"), x.get("dtypes_a")
         b = x.get("rank_b")
         if b is not None:
             sb = slot(DEFAULT_PG, b, None)
             if sb["fp_op"] is None:
                 sb["fp_seq"] = x["seq_b"] + 1 if x.get("seq_b") is not None else None
-                sb["fp_op"], sb["fp_shape"] = x.get("op_b"), x.get("shape_b")
+                sb["fp_op"], sb["fp_shape"], sb["fp_dtypes"] = x.get("op_b"), x.get("shape_b"), x.get("dtypes_b")
     # gloo: the op a rank was in comes from its traceback frames (§6)
     for r in ev.filter((kinds == "exception") & pl.col("op").is_not_null()).iter_rows(named=True):
         s = slot(None, r["rank"], r["host"])

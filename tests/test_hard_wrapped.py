@@ -29,11 +29,26 @@ def _mismatch_rows(tmp_path: Path, text: str) -> list[dict]:
     return df.filter(df["kind"] == "fingerprint_mismatch").to_dicts()
 
 
-@pytest.mark.parametrize("width", [120, 160, 200])
-def test_a_wrapped_fingerprint_mismatch_keeps_both_ranks(tmp_path, width):
-    whole = _mismatch_rows(tmp_path, MISMATCH)
+# torch 2.x's whole form (FORMATS.md §7.1): each side's TensorOptions, then the aspects; ~800 characters
+MISMATCH_FULL = (
+    "[default3]:RuntimeError: Detected mismatch between collectives on ranks. Rank 3 is running collective: "
+    "CollectiveFingerPrint(SequenceNumber=105417, OpType=ALLREDUCE, TensorShape=[1], TensorDtypes=BFloat16, "
+    "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda, layout=Strided (default), "
+    "requires_grad=false (default), pinned_memory=false (default), memory_format=(nullopt))), but Rank 6 is "
+    "running collective: CollectiveFingerPrint(SequenceNumber=105417, OpType=ALLREDUCE, TensorShape=[1], "
+    "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda, layout=Strided "
+    "(default), requires_grad=false (default), pinned_memory=false (default), memory_format=(nullopt)))."
+    "Collectives differ in the following aspects: \tTensor Tensor dtypes: BFloat16vs Float")
+
+
+@pytest.mark.parametrize("text", [MISMATCH, MISMATCH_FULL], ids=["short", "full"])
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 200])
+def test_a_wrapped_fingerprint_mismatch_keeps_both_ranks(tmp_path, width, text):
+    """Both sides' fields, the dtypes and the aspects included, however many lines the wrap made."""
+    whole = _mismatch_rows(tmp_path, text)
     assert whole, "the unwrapped line is a collective mismatch"
-    cut = _mismatch_rows(tmp_path, _wrapped(MISMATCH, width))
+    assert {"dtypes_a", "dtypes_b"} <= set(json.loads(whole[0]["extra"]))
+    cut = _mismatch_rows(tmp_path, _wrapped(text, width))
     assert cut
     fields = {k: v for k, v in whole[0].items() if k not in ("text", "line", "file")}
     got = {k: v for k, v in cut[0].items() if k not in ("text", "line", "file")}

@@ -24,6 +24,11 @@ TAIL_QUIET = 64  # stop walking back after this many tail hits in a row from kno
 TAIL_QUIET_ONE = 16  # the same in a file one process wrote (a launcher's per-worker file): its writers are one rank
 WRAP_MIN = 72  # a matched physical line this long may have been hard-wrapped by a terminal (_rewrapped)
 MAX_MATCH_JOIN = 4000  # characters a hard-wrapped line is joined up to
+# lines a hard-wrapped line runs on over: the first few whatever their length (the last piece of a wrap is
+# short), then only while each line is as long as the first, the terminal's width (a DETAIL fingerprint
+# mismatch, ~800 characters, is 8-11 lines at 80-100 columns: FORMATS.md §1.8, §7.1)
+FEW_WRAP_LINES = 4
+MAX_WRAP_LINES = 40
 ESC = "\x1b"
 
 
@@ -381,11 +386,16 @@ class LineScanner:
         off at the terminal's width), those fields; and a signature whose words the wrap cut (an NCCL
         WARN whose `with error 12` went to the next line) matches the joined text."""
         joined = body
-        for k in range(1, 5):
-            nxt = _continuation(lines, i + k) if len(joined) <= MAX_MATCH_JOIN else None
+        width = len(lines[i])
+        n = 0
+        for k in range(1, MAX_WRAP_LINES + 1):
+            if len(joined) > MAX_MATCH_JOIN or (k > FEW_WRAP_LINES and len(lines[i + k - 1]) < width):
+                break  # past the first few, only a line filled to the terminal's width runs on
+            nxt = _continuation(lines, i + k)
             if nxt is None:
                 break
             joined += nxt
+            n = k
         if joined is body:
             return found
         more = dict(self.sigset.match_all(joined))
@@ -397,7 +407,7 @@ class LineScanner:
             out.append((sig, fields))
         # a signature only the joined text matches (its words cut by the wrap), unless a continuation line
         # matches it alone: that line is scanned on its own
-        pieces = [ANSI.sub("", lines[i + k]) for k in range(1, 5) if lines.has(i + k)] if more else []
+        pieces = [ANSI.sub("", lines[i + k]) for k in range(1, n + 1)] if more else []
         for sig, fields in more.items():
             if sig.match(body) is None and not any(sig.match(p) is not None for p in pieces):
                 out.append((sig, fields))
