@@ -103,6 +103,15 @@ class Context:
         return out
 
     @cached_property
+    def file_ranks(self) -> dict[str, frozenset[int]]:
+        """file -> the ranks its rows carry (a rank's own file, a node's console, a launcher's output)."""
+        out: dict[str, set[int]] = {}
+        for r in self.all_rows:
+            if r["rank"] is not None:
+                out.setdefault(r["file"], set()).add(r["rank"])
+        return {f: frozenset(rs) for f, rs in out.items()}
+
+    @cached_property
     def _by_role(self) -> dict[str | None, list[dict]]:
         """role -> its rows, in table order."""
         out: dict[str | None, list[dict]] = {}

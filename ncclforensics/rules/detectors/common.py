@@ -121,6 +121,15 @@ def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[st
     ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
     if ranks:
         return ranks, 1.0, []
+    files = {r["file"] for r in rows}
+    if len(files) == 1:
+        # a file whose every ranked line is one rank's (a pod's or a node's log with one worker: its own
+        # launcher names it) holds that rank's unprefixed lines too
+        mine = ctx.file_ranks.get(next(iter(files)), frozenset())
+        if len(mine) == 1 and not mine & waiting_ranks(ctx):  # a rank that waited on peers is their victim
+            (rank,) = mine
+            return [rank], 1.0, [f"a line without a rank prefix was attributed to rank {rank}, the only "
+                                 "rank its file shows"]
     own = sorted(ctx.self_failures)
     if len(own) == 1:
         return own, 1.0, [f"a line without a rank prefix was attributed to rank {own[0]}, "
