@@ -279,7 +279,8 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         analysis = analyze_events(res)
         analysis.path = paths if len(paths) > 1 else paths[0]
         diag = analysis.diagnosis
-        repro, problem = reproducer(analysis)
+        # the reproducer goes into the documents and the -o folder; the terminal summary never shows it
+        repro, problem = reproducer(analysis) if wanted or folder is not None else (None, None)
         if problem:
             err(f"ncclforensics: {problem}" if problem.startswith("no reproducer")
                 else f"ncclforensics: no reproducer for this verdict ({problem})")

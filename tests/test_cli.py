@@ -376,3 +376,20 @@ def test_the_console_script_lets_the_collector_go_once_a_command_starts(cli, mon
         return
     assert r.code == 0, r.err
     assert enabled_after and not held_after
+
+
+def test_the_reproducer_is_rendered_only_for_what_shows_it(cli, monkeypatch, tmp_path):
+    """The terminal summary never shows the reproducer: a terminal-only run does not render it (the
+    templates and their checks are start-up time); --json, -o and the other documents do."""
+    import ncclforensics.outputs as outputs
+
+    calls = []
+    real = outputs.reproducer
+    monkeypatch.setattr(outputs, "reproducer", lambda analysis: calls.append(1) or real(analysis))
+    sample = str(Path(__file__).resolve().parent.parent / "sample_logs")
+    assert cli("analyze", sample).code == 0
+    assert calls == []
+    ran = cli("analyze", sample, "--json")
+    assert ran.code == 0 and calls == [1] and ran.json()["reproducer"]
+    assert cli("analyze", sample, "-q", "-o", str(tmp_path / "out")).code == 0
+    assert calls == [1, 1] and (tmp_path / "out" / "repro.py").is_file()
