@@ -387,11 +387,12 @@ class LineScanner:
         WARN whose `with error 12` went to the next line) matches the joined text."""
         joined = body
         width = len(lines[i])
+        lead = _lead(lines[i], body)
         n = 0
         for k in range(1, MAX_WRAP_LINES + 1):
             if len(joined) > MAX_MATCH_JOIN or (k > FEW_WRAP_LINES and len(lines[i + k - 1]) < width):
                 break  # past the first few, only a line filled to the terminal's width runs on
-            nxt = _continuation(lines, i + k)
+            nxt = _continuation(lines, i + k, lead)
             if nxt is None:
                 break
             joined += nxt
@@ -421,8 +422,9 @@ class LineScanner:
         one event is not emitted twice at two line numbers."""
         joined = body
         alone: list[str] = []
+        lead = _lead(lines[i], body)
         for k in range(1, 3):
-            nxt = _continuation(lines, i + k)
+            nxt = _continuation(lines, i + k, lead)
             if nxt is None:
                 break
             joined += nxt
@@ -510,10 +512,25 @@ _PLAIN_WRITER = ("", None, None)
 _TAIL_PLAIN = (None, "")
 
 
-def _continuation(lines: _Lines, j: int) -> str | None:
+# the characters of a line's envelope that a following line must start with to be, at a glance, the same
+# writer's next line: enough to hold a stamp's date or a host:pid, never more than the envelope
+LEAD_MIN, LEAD_MAX = 6, 12
+
+
+def _lead(line: str, body: str) -> str | None:
+    """The first characters of the envelope in front of `body` (the line's own stamp, rank or NCCL
+    header), when it is long enough to tell a writer's lines by; else None."""
+    n = len(line) - len(body)
+    return line[: min(n, LEAD_MAX)] if n >= LEAD_MIN and line.endswith(body) else None
+
+
+def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
     """Line j as the continuation of a hard-wrapped line (§1.8): it starts mid-text (no envelope, not
-    indented, not blank); else None."""
+    indented, not blank); else None. A line that starts with `lead`, the start of the wrapped line's own
+    envelope, is that writer's next line: no continuation, and not worth peeling to say so."""
     if not lines.has(j):
+        return None
+    if lead is not None and lines[j].startswith(lead):
         return None
     nxt = ANSI.sub("", lines[j])
     if not nxt.strip() or nxt[:1].isspace():  # blank or indented: no peeling needed to say so
