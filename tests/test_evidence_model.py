@@ -100,6 +100,24 @@ WORDINGS = [
     # a c10d name-resolution failure (§9.5)
     ("network_init", "[W socket.cpp:601] [c10d] The IPv6 network addresses of (trainer-0, 29500) cannot be retrieved "
                      "(gai error: -3 - Temporary failure in name resolution)."),
+    # gloo's read that timed out: the peer never closed it, the path between live ranks failed (§6.1)
+    ("network_runtime", "[rank2]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+                        "[10.128.0.42]:59317: Connection timed out"),
+    # the kernel's transmit watchdog on the job's NIC (net/sched/sch_generic.c)
+    ("network_runtime", "[Wed Mar 12 04:21:07 2025] NETDEV WATCHDOG: enp94s0f0np0 (mlx5_core): transmit queue 12 "
+                        "timed out"),
+    # Slurm <= 19.05's cgroup OOM wording (§13)
+    ("oom", "slurmstepd: error: Detected 1 oom-kill event(s) in step 3301245.batch cgroup. Some of your processes "
+            "may have been killed by the cgroup out-of-memory handler."),
+    # Kubernetes' device plugin relaying a critical Xid (§21.4)
+    ("gpu_hardware", "I0812 03:14:03.118212       1 health.go:172] XidCriticalError: Xid=79 on "
+                     "Device=GPU-3f1c9a7e-2d4b-4c6e-9a1f-5b7d3e8c0a92; marking device as unhealthy."),
+    # no usable GPU or backend for the rank: the environment (§14)
+    ("launch_config", "[rank4]: ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"),
+    ("launch_config", "[rank8]: RuntimeError: Distributed package doesn't have NCCL built in"),
+    # the launcher's flag the script does not declare (argparse; §18.2)
+    ("launch_config", "usage: finetune.py [-h] [--config CONFIG]\nfinetune.py: error: unrecognized arguments: "
+                      "--local-rank=2"),
 ]
 
 
@@ -207,3 +225,53 @@ def test_a_ports_aer_lines_take_the_class_of_the_device_below(tmp_path: Path, dr
         "[ 77122.904311] pcieport 0000:a0:03.1: AER: device recovery failed",
     ]), name="dmesg-node-k04.txt")
     assert v.root_cause is cls, (v.rule, v.title)
+
+
+def _run_of(tmp_path: Path, files: dict[str, str]) -> Path:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (run / name).write_text(text.strip("\n") + "\n")
+    return run
+
+
+def test_a_gpu_the_driver_could_not_start_explains_the_invalid_ordinal(tmp_path: Path):
+    """`invalid device ordinal` on a node whose driver failed to start one GPU at boot (`RmInitAdapter
+    failed`, FORMATS.md §21.2): the node shows one GPU fewer than the job asks for; the hardware is the
+    root, not the device mapping (LC004 yields to gpu_hardware)."""
+    run = _run_of(tmp_path, {
+        "slurm-4411.out": """
+15: [rank15]: Traceback (most recent call last):
+15: [rank15]:   File "/srv/train.py", line 40, in main
+15: [rank15]:     torch.cuda.set_device(local_rank)
+15: [rank15]: RuntimeError: CUDA error: invalid device ordinal
+srun: error: gpu-c22: task 15: Exited with exit code 1
+""",
+        "gpu-c22.dmesg.txt": """
+[   30.531000] NVRM: GPU 0000:c1:00.0: RmInitAdapter failed! (0x62:0x40:1860)
+[   30.531000] NVRM: GPU 0000:c1:00.0: rm_init_adapter failed, device minor number 6
+""",
+    })
+    v = analyze_path(run).diagnosis.verdict
+    assert v.root_cause is RootCause.GPU_HARDWARE, (v.rule, v.title)
+    # without the kernel's lines the same traceback is a device-mapping problem
+    (run / "gpu-c22.dmesg.txt").unlink()
+    v = analyze_path(run).diagnosis.verdict
+    assert v.root_cause is RootCause.LAUNCH_CONFIG and v.rule == "LC004", (v.rule, v.title)
+
+
+def test_a_failed_dcgm_diagnostic_makes_a_cuda_error_the_gpus(tmp_path: Path):
+    """`dcgmi diag` failing the GPU a rank crashed on (`| | Fail - GPU: 3 |`): the GPU is faulty, and the
+    rank's `unspecified launch failure` its consequence."""
+    run = _run_of(tmp_path, {
+        "console.log": """
+[default3]:[rank3]: RuntimeError: CUDA error: unspecified launch failure
+[default3]:[rank3]: CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+""",
+        "dcgmi-diag.txt": """
+| Diagnostic                | Pass - GPUs: 0, 1, 2, 4, 5, 6, 7               |
+|                           | Fail - GPU: 3                                  |
+""",
+    })
+    v = analyze_path(run).diagnosis.verdict
+    assert v.root_cause is RootCause.GPU_HARDWARE, (v.rule, v.title)
