@@ -266,7 +266,7 @@ def test_a_failed_dcgm_diagnostic_makes_a_cuda_error_the_gpus(tmp_path: Path):
     run = _run_of(tmp_path, {
         "console.log": """
 [default3]:[rank3]: RuntimeError: CUDA error: unspecified launch failure
-[default3]:[rank3]: CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+[default3]:[rank3]: CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace
 """,
         "dcgmi-diag.txt": """
 | Diagnostic                | Pass - GPUs: 0, 1, 2, 4, 5, 6, 7               |
