@@ -44,8 +44,10 @@ def memory_exhausted(ctx: Context) -> list[Hit]:
                           | {r["rank"] for r in killed if r["rank"] is not None})  # srun's task = rank (§13)
         hosts = sorted({r["host"] for r in killed if r["host"]})
         if not culprits:
-            culprits = sorted(rk for rk, h in ctx.rank_hosts.items() if h in hosts and rk in ctx.exit_codes
-                              and ctx.exit_codes[rk] in (-9, 137))
+            # the ranks SIGKILLed on the kills' hosts; a report that names no host (slurmstepd's, for the
+            # whole step: FORMATS.md §13) covers every rank of the job
+            culprits = sorted(rk for rk, code in ctx.exit_codes.items() if code in (-9, 137)
+                              and (not hosts or ctx.rank_hosts.get(rk) in hosts))
         hits.append(Hit(culprits=culprits, evidence=ctx.evidence_rows(killed), hosts=hosts,
                         fields={"what": _kill_what(killed), **rank_fields(culprits),
                                 "aftermath": aftermath(ctx, culprits)},
