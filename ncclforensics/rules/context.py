@@ -105,11 +105,9 @@ class Context:
     @cached_property
     def file_ranks(self) -> dict[str, frozenset[int]]:
         """file -> the ranks its rows carry (a rank's own file, a node's console, a launcher's output)."""
-        out: dict[str, set[int]] = {}
-        for r in self.all_rows:
-            if r["rank"] is not None:
-                out.setdefault(r["file"], set()).add(r["rank"])
-        return {f: frozenset(rs) for f, rs in out.items()}
+        per = (self.events.lazy().filter(pl.col("rank").is_not_null()).group_by("file")
+               .agg(pl.col("rank").unique()).collect())
+        return {f: frozenset(rs) for f, rs in per.iter_rows()}
 
     @cached_property
     def _by_role(self) -> dict[str | None, list[dict]]:
