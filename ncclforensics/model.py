@@ -223,6 +223,9 @@ class Finding:
     reproducer: str | None = None
     params: dict[str, object] = field(default_factory=dict)  # validated values for the reproducer
     yields_to: tuple[str, ...] = ()
+    # torchrun's restart attempt (attempt_<n> of a --log-dir, FORMATS.md §2.2) the evidence comes from,
+    # the earliest where it spans several; None where the logs do not say
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)

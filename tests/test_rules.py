@@ -211,3 +211,23 @@ def test_an_exit_code_explains_no_finding_of_substance():
     alone = _finding("rank_crash", 0.45, t, (), "RC900")
     alone.params["strength"] = 1
     assert order([alone]) is alone
+
+
+def test_a_restarts_failure_explains_no_earlier_attempts():
+    """torchrun --max-restarts: attempt 0 raised, attempts 1-2 then hit CUDA OOM (the crashed process still
+    held the GPU) in lines without a time. The later attempt's finding cannot make the first one its
+    cascade; the first attempt's failure is the root (FORMATS.md §2.2 attempt_<n> folders)."""
+    import datetime as dt
+
+    from ncclforensics.model import Role
+    from ncclforensics.rules.engine import order
+
+    crash = _finding("rank_crash", 0.9, dt.datetime(2024, 3, 12, 15, 31, 52), ("oom",), "RC001")
+    crash.attempt = 0
+    oom = _finding("oom", 0.9, None, ("gpu_hardware",), "OM001")
+    oom.attempt = 1
+    assert order([oom, crash]) is crash and crash.role is Role.ROOT
+    # without attempts, the untimed OOM would explain the crash (it may have come first)
+    crash = _finding("rank_crash", 0.9, dt.datetime(2024, 3, 12, 15, 31, 52), ("oom",), "RC001")
+    oom = _finding("oom", 0.9, None, ("gpu_hardware",), "OM001")
+    assert order([oom, crash]) is oom and crash.role is Role.CASCADE

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import string
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ncclforensics.model import Collective, Evidence, Finding, Fix, Role, RootCause
-from ncclforensics.rules.context import Context
+from ncclforensics.rules.context import Context, extra
 from ncclforensics.rules.detectors import DETECTORS, Hit
 from ncclforensics.rules.loader import Rule, load_rules
 from ncclforensics.times import JSON_SECONDS, utc_text
@@ -64,7 +65,24 @@ def finding_of(rule: Rule, hit: Hit, ctx: Context) -> Finding:
         culprit_ranks=list(hit.culprits), culprit_hosts=hosts, evidence=evidence_of(hit.evidence),
         collective=col, ts=hit.ts, fixes=_fixes(rule, hit), doc=dict(rule.doc),
         reproducer=rule.reproducer or rule.root_cause.value, params=params, yields_to=rule.yields_to,
+        attempt=_attempt(hit.evidence),
     )
+
+
+_ATTEMPT_DIR = re.compile(r"(?:^|/)attempt_(\d+)/")
+
+
+def _attempt(rows: list[dict]) -> int | None:
+    """The earliest torchrun restart attempt the rows come from (their `attempt`, else their file's
+    attempt_<n> folder: FORMATS.md §2.2), None if none says."""
+    attempts = []
+    for r in rows:
+        a = extra(r).get("attempt")
+        if not isinstance(a, int) and (m := _ATTEMPT_DIR.search(r.get("file") or "")):
+            a = int(m.group(1))
+        if isinstance(a, int):
+            attempts.append(a)
+    return min(attempts) if attempts else None
 
 
 def run_rule(rule: Rule, ctx: Context) -> tuple[list[Finding], list[str]]:
@@ -127,6 +145,8 @@ def order(findings: list[Finding]) -> Finding | None:
                     continue  # a far weaker finding explains nothing
                 if _weak_only(g) and not _weak_only(f):
                     continue  # an exit code ends every failed run: it cannot explain a finding of substance
+                if f.attempt is not None and g.attempt is not None and g.attempt > f.attempt:
+                    continue  # a restart's failure (the GPU still held, the port still bound) follows the first
                 if f.root_cause.value in g.yields_to and _stays(f, g, findings):
                     continue  # each would explain the other: the stronger (else the earlier) stays
                 if f.ts is None or g.ts is None or g.ts <= f.ts + CASCADE_SLACK:
