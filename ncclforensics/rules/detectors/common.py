@@ -124,9 +124,10 @@ def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[st
     files = {r["file"] for r in rows}
     if len(files) == 1:
         # a file whose every ranked line is one rank's (a pod's or a node's log with one worker: its own
-        # launcher names it) holds that rank's unprefixed lines too
+        # launcher names it) holds that rank's unprefixed lines too, unless that rank shows it waited on
+        # or lost a peer (a timeout, a closed connection): then the line may be the peer's
         mine = ctx.file_ranks.get(next(iter(files)), frozenset())
-        if len(mine) == 1 and not mine & waiting_ranks(ctx):  # a rank that waited on peers is their victim
+        if len(mine) == 1 and not mine & ctx.symptom_ranks:  # a rank that reacted to a peer is its victim
             (rank,) = mine
             return [rank], 1.0, [f"a line without a rank prefix was attributed to rank {rank}, the only "
                                  "rank its file shows"]
