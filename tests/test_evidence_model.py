@@ -275,3 +275,19 @@ def test_a_failed_dcgm_diagnostic_makes_a_cuda_error_the_gpus(tmp_path: Path):
     })
     v = analyze_path(run).diagnosis.verdict
     assert v.root_cause is RootCause.GPU_HARDWARE, (v.rule, v.title)
+
+
+def test_a_store_that_some_joined_is_a_moderate_network_init(tmp_path: Path):
+    """`Timed out after <s> seconds waiting for clients. 8/16 clients joined.` alone (FORMATS.md §9.3): the
+    store was reachable to those that joined; the others could not connect, were never started, or the
+    world size is larger than what was launched. network_init, but not at >= 0.8; a client's failed
+    connection to the store makes it a confident one."""
+    store = ("torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. "
+             "8/16 clients joined.")
+    v = verdict(tmp_path, store)
+    assert v.root_cause is RootCause.NETWORK_INIT and v.confidence < 0.8, (v.rule, v.confidence)
+    (tmp_path / "b").mkdir()
+    v = verdict(tmp_path / "b", store + "\n[W412 18:02:11.118204517 TCPStore.cpp:358] [c10d] TCP client failed to "
+                "connect/validate to host 10.42.7.17:29501 - retrying (try=0, timeout=900000ms, delay=1312ms): "
+                "The client socket has failed to connect to [10.42.7.17]:29501 (errno: 111 - Connection refused).")
+    assert v.root_cause is RootCause.NETWORK_INIT and v.confidence >= 0.8, (v.rule, v.confidence)

@@ -39,8 +39,15 @@ def init_connectivity(ctx: Context) -> list[Hit]:
         parts.append(f"the host name {', '.join(names)} could not be resolved")
     if addr:
         parts.append(f"{addr} was unreachable")
+    # the store's own wait with some participants in (FORMATS.md §9.3 `<k>/<n> clients joined`) and no
+    # client's failure: those that joined reached it, the others never came — a node that could not
+    # connect, or one never started, or a world size larger than what was launched: a moderate finding
+    partial = (joined is not None and isinstance(joined[0], int) and joined[0] > 0
+               and all(r["kind"] in ("store_timeout", "exception", "exception_line") for r in rows))
     if joined and joined[0] is not None:
-        parts.append(f"only {joined[0]} of {joined[1]} expected participants joined the store")
+        parts.append(f"only {joined[0]} of {joined[1]} expected participants joined the store"
+                     + (" (those reached it: the others could not connect, were never started, or the world "
+                        "size asks for more processes than were launched)" if partial else ""))
     if hosts:
         parts.append(f"failing side: {', '.join(sorted(hosts))}")
     if missing:
@@ -50,7 +57,8 @@ def init_connectivity(ctx: Context) -> list[Hit]:
     return [Hit(culprits=culprits, evidence=ctx.evidence_rows(sorted(rows, key=lambda r: -r["strength"])),
                 hosts=sorted(hosts),
                 fields={"what": "; ".join(parts) or (rows[0].get("detail") or "store connection failed")},
-                ts=earliest_ts(rows), collective=Collective(), confidence={3: 1.0, 2: 1.0, 1: 0.6}[strongest],
+                ts=earliest_ts(rows), collective=Collective(),
+                confidence={3: 1.0, 2: 1.0, 1: 0.6}[strongest] * (0.6 if partial else 1.0),
                 params={"mode": mode})]
 
 
