@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,6 +17,20 @@ CAUSE, SYMPTOM = EvidenceRole.CAUSE.value, EvidenceRole.SYMPTOM.value
 
 def extra(row: dict) -> dict:
     return json_object(row.get("extra"))
+
+
+# torchrun's restart attempts: a --log-dir's attempt_<n> folders (FORMATS.md §2.2)
+_ATTEMPT_DIR = re.compile(r"(?:^|/)attempt_(\d+)/")
+
+
+def attempt_of(r: dict) -> int | None:
+    """The torchrun restart attempt a row comes from: its `attempt` (the reader's), else its file's
+    attempt_<n> folder; None where neither says."""
+    a = extra(r).get("attempt")
+    if isinstance(a, int):
+        return a
+    m = _ATTEMPT_DIR.search(r.get("file") or "")
+    return int(m.group(1)) if m else None
 
 
 def is_symptom_row(row: dict) -> bool:

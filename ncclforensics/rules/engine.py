@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 import string
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ncclforensics.model import Collective, Evidence, Finding, Fix, Role, RootCause
-from ncclforensics.rules.context import Context, extra
+from ncclforensics.rules.context import Context, attempt_of
 from ncclforensics.rules.detectors import DETECTORS, Hit
 from ncclforensics.rules.loader import Rule, load_rules
 from ncclforensics.times import JSON_SECONDS, utc_text
@@ -69,19 +68,9 @@ def finding_of(rule: Rule, hit: Hit, ctx: Context) -> Finding:
     )
 
 
-_ATTEMPT_DIR = re.compile(r"(?:^|/)attempt_(\d+)/")
-
-
 def _attempt(rows: list[dict]) -> int | None:
-    """The earliest torchrun restart attempt the rows come from (their `attempt`, else their file's
-    attempt_<n> folder: FORMATS.md §2.2), None if none says."""
-    attempts = []
-    for r in rows:
-        a = extra(r).get("attempt")
-        if not isinstance(a, int) and (m := _ATTEMPT_DIR.search(r.get("file") or "")):
-            a = int(m.group(1))
-        if isinstance(a, int):
-            attempts.append(a)
+    """The earliest torchrun restart attempt the rows come from, None if none says."""
+    attempts = [a for r in rows if (a := attempt_of(r)) is not None]
     return min(attempts) if attempts else None
 
 

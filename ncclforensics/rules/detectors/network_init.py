@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from ncclforensics.model import Collective, RootCause, rank_ranges
-from ncclforensics.rules.context import Context, extra, is_symptom_row
+from ncclforensics.rules.context import Context, attempt_of, extra, is_symptom_row
 from ncclforensics.rules.detectors.common import Hit, detector, earliest_ts
 
 
@@ -113,7 +111,6 @@ _NCCL_STAGES = (
 )
 _INIT_SOURCES = ("init.cc", "bootstrap.cc", "socket.cc", "transport.cc", "net_ib", "net_socket", "p2p.cc",
                  "shm.cc", "group.cc")
-_ATTEMPT_DIR = re.compile(r"(?:^|/)attempt_(\d+)/")
 
 
 def _init_step(ctx: Context) -> tuple[str, str, str | None] | None:
@@ -173,7 +170,7 @@ def nccl_init_error(ctx: Context) -> list[Hit]:
     per_file = {}
     for r in errors:
         per_file[(r["file"], r["rank"])] = per_file.get((r["file"], r["rank"]), 0) + (r["kind"] == "nccl_error")
-    attempts = {m.group(1) for r in errors if (m := _ATTEMPT_DIR.search(r["file"] or ""))}
+    attempts = {a for r in errors if (a := attempt_of(r)) is not None}
     launches = max(max(per_file.values(), default=1), len(attempts))
     # the ranks that failed, when every other rank was stopped (SIGTERM) rather than failing too:
     # e.g. one host's network interface. A console filtered to one rank shows only that rank's
