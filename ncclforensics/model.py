@@ -107,6 +107,8 @@ OP_TYPES = frozenset({
     "_ALLREDUCE_SPARSE", "REDUCE_SCATTER_TENSOR_COALESCED", "ALLGATHER_INTO_TENSOR_COALESCED",
     "UNKNOWN",
 })
+# the point-to-point ones: pipeline stages wait in different ones by design
+P2P_OP_TYPES = frozenset({"SEND", "RECV", "RECVANYSOURCE"})
 
 # Flight Recorder / profiler names -> OpType (FORMATS.md §3.3, §15.2).
 PROFILING_OPS = {

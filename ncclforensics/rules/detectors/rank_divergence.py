@@ -7,7 +7,7 @@ from collections import Counter
 
 import polars as pl
 
-from ncclforensics.model import Collective, rank_ranges
+from ncclforensics.model import P2P_OP_TYPES, Collective, rank_ranges
 from ncclforensics.rules.context import Context, extra
 from ncclforensics.rules.detectors.common import (
     Hit,
@@ -78,10 +78,6 @@ def op_mismatch(ctx: Context) -> list[Hit]:
     return hits or _unranked_op_mismatch(ctx)
 
 
-# point-to-point operations differ across pipeline stages by design: a SEND beside a RECV is no divergence
-_P2P = ("SEND", "RECV", "RECVANYSOURCE")
-
-
 def _unranked_op_mismatch(ctx: Context) -> list[Hit]:
     """Timeouts that name no rank and no SeqNum (torch <= 1.10's blocking wait raises `Caught collective
     operation timeout: WorkNCCL(OpType=…, TensorShape=…)` from `work.wait()` in the rank's own thread,
@@ -91,7 +87,8 @@ def _unranked_op_mismatch(ctx: Context) -> list[Hit]:
     rows = ctx.rows("watchdog_timeout")
     if not rows or any(r["rank"] is not None or r["seq"] is not None or r["pg"] is not None for r in rows):
         return []
-    ops = Counter(r["op"] for r in rows if r["op"] and r["op"].upper() not in _P2P)
+    # pipeline stages wait in SEND and RECV by design: those are no divergence
+    ops = Counter(r["op"] for r in rows if r["op"] and r["op"].upper() not in P2P_OP_TYPES)
     if len(ops) < 2 or sum(ops.values()) < 3:
         return []
     (top, n), (_, n2) = ops.most_common(2)
