@@ -291,3 +291,58 @@ def test_a_store_that_some_joined_is_a_moderate_network_init(tmp_path: Path):
                 "connect/validate to host 10.42.7.17:29501 - retrying (try=0, timeout=900000ms, delay=1312ms): "
                 "The client socket has failed to connect to [10.42.7.17]:29501 (errno: 111 - Connection refused).")
     assert v.root_cause is RootCause.NETWORK_INIT and v.confidence >= 0.8, (v.rule, v.confidence)
+
+
+# -- a launcher's table of its workers ties pids to ranks -------------------------------------
+# Ray Train's worker table (ray/train/_internal/backend_executor.py) and Ray's memory monitor's kill message
+RAY_TABLE = (
+    "(TorchTrainer pid=4102, ip=10.1.0.7) Started distributed worker processes: \n"
+    "(TorchTrainer pid=4102, ip=10.1.0.7) - (node_id=aa01, ip=10.1.0.7, pid=4200) world_rank=0, local_rank=0, "
+    "node_rank=0\n"
+    "(TorchTrainer pid=4102, ip=10.1.0.7) - (node_id=aa01, ip=10.1.0.7, pid=4201) world_rank=1, local_rank=1, "
+    "node_rank=0\n"
+    "(TorchTrainer pid=4102, ip=10.1.0.7) - (node_id=bb02, ip=10.1.0.8, pid=4200) world_rank=2, local_rank=0, "
+    "node_rank=1\n"
+)
+
+
+def test_a_ray_memory_monitor_kill_names_the_rank_of_its_pid(tmp_path: Path):
+    """The kill message names a pid on a node; the worker table says which rank that is (pid 4200 is two
+    workers on two nodes: the node's IP tells them apart)."""
+    v = verdict(tmp_path, RAY_TABLE + (
+        "(RayTrainWorker pid=4201, ip=10.1.0.7) [rank1]:[E1102 10:00:03.1 ProcessGroupNCCL.cpp:1316] [PG 0 "
+        "(default_pg) Rank 1] Process group watchdog thread terminated with exception: NCCL error: remote process "
+        "exited or there was a network error, NCCL version 2.20.5\n"
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 10.1.0.8, ID: bb02) where the task (actor ID: 9f00, name=RayTrainWorker.__init__, "
+        "pid=4200, memory used=30.10GB) was running was 120.1GB / 124.4GB (0.9654), which exceeds the memory usage "
+        "threshold of 0.95."))
+    assert (v.root_cause, v.culprit_ranks) == (RootCause.OOM, [2])
+
+
+def test_a_rankless_line_of_a_tabled_pid_is_that_ranks(tmp_path: Path):
+    """A worker's exception printed under its Ray prefix without a `[rank]` one: the table's pid says whose."""
+    res = analyze_path(_write(tmp_path, RAY_TABLE + (
+        "(RayTrainWorker pid=4201, ip=10.1.0.7) Traceback (most recent call last):\n"
+        '(RayTrainWorker pid=4201, ip=10.1.0.7)   File "/app/train.py", line 40, in train_loop\n'
+        "(RayTrainWorker pid=4201, ip=10.1.0.7)     label = vocab[token]\n"
+        "(RayTrainWorker pid=4201, ip=10.1.0.7) KeyError: 'unk'")))
+    v = res.diagnosis.verdict
+    assert (v.root_cause, v.culprit_ranks) == (RootCause.RANK_CRASH, [1])
+    # the table is the driver's line: it is no line of the ranks it lists
+    assert res.diagnosis.facts.ranks_seen == [1]
+
+
+def test_a_rankless_failure_goes_to_the_one_rank_that_exited_of_itself(tmp_path: Path):
+    """Rank 0's bind warning (it went on: §9.1) is a failure of its own, yet only rank 3 ended: torchrun
+    stopped the others (§8.2), so the unprefixed CPU allocator failure is rank 3's."""
+    v = verdict(tmp_path, (
+        "[rank0]:[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - "
+        "Address already in use).\n"
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:83] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 70400000000 bytes. Error code 12 (Cannot allocate memory)\n"
+        "[2024-04-02 11:35:21,118] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 7012 "
+        "closing signal SIGTERM\n"
+        "[2024-04-02 11:35:22,551] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) "
+        "local_rank: 3 (pid: 7015) of binary: /usr/bin/python"))
+    assert (v.root_cause, v.culprit_ranks) == (RootCause.OOM, [3])

@@ -100,6 +100,31 @@ def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
     return _rank_from(df, cand, allowed=world >= df["rank"].drop_nulls().n_unique(), unchecked=unchecked)
 
 
+def _tabled_ranks(df: pl.DataFrame) -> pl.DataFrame:
+    """A launcher's table of the workers it started (Ray Train's, patterns/signatures/launcher/worker_table.toml)
+    names each worker's host, pid and rank: a row of that pid on that host (or of a pid no two listed workers
+    share, for a line whose prefix names no host) without a rank is that worker's."""
+    if "worker_table" not in df["kind"].cast(pl.Utf8).unique().to_list():
+        return df
+    x = pl.col("extra")
+    table = (df.filter(pl.col("kind") == "worker_table")
+             .select(x.str.json_path_match("$.worker_host").alias("_th"),
+                     x.str.json_path_match("$.worker_pid").cast(pl.Int64, strict=False).alias("pid"),
+                     x.str.json_path_match("$.worker_rank").cast(pl.Int32, strict=False).alias("_tr"))
+             .drop_nulls(["pid", "_tr"]).unique())
+    by_host = (table.drop_nulls("_th").group_by("_th", "pid")
+               .agg(pl.col("_tr").n_unique().alias("_n"), pl.col("_tr").first())
+               .filter(pl.col("_n") == 1).drop("_n").rename({"_th": "host"}))
+    by_pid = (table.group_by("pid").agg(pl.col("_tr").n_unique().alias("_n"), pl.col("_tr").first().alias("_tp"))
+              .filter(pl.col("_n") == 1).drop("_n"))
+    df = (df.join(by_host, on=["host", "pid"], how="left", maintain_order="left")
+          .join(by_pid, on="pid", how="left", maintain_order="left"))
+    own = pl.col("kind") != "worker_table"
+    fill = pl.when(pl.col("host").is_not_null()).then(pl.col("_tr")).otherwise(pl.col("_tp"))
+    return df.with_columns(pl.when(own).then(pl.coalesce("rank", fill)).otherwise(pl.col("rank"))
+                           .cast(pl.Int32).alias("rank")).drop("_tr", "_tp")
+
+
 def _line_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """A line that names its rank names it for every event on it: `[Rank 2] NCCL watchdog thread
     terminated with exception: CUDA error: …` is rank 2's CUDA error too (FORMATS.md §3.8)."""
@@ -157,6 +182,7 @@ def fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
     df = _kernel_hosts(df)
     df = _line_ranks(df)
     df = _srun_ranks(df)
+    df = _tabled_ranks(df)
     # Where a row ran: its node (torchrun log-dir tree, host folder), else its host, else the one host
     # its file names, else the file. Local ranks and pids mean something only within one such place.
     file_host = (df.filter(pl.col("host").is_not_null()).group_by("file")

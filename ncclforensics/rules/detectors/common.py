@@ -135,14 +135,13 @@ def attribute(ctx: Context, rows: list[dict]) -> tuple[list[int], float, list[st
     if len(own) == 1:
         return own, 1.0, [f"a line without a rank prefix was attributed to rank {own[0]}, "
                           "the only rank that failed on its own"]
-    if not own:
-        # the one rank the launcher saw exit by itself (not stopped by SIGTERM/SIGINT, no timeout of
-        # its own): whatever ended it, the unprefixed failure is its (FORMATS.md §8.2, §18.1)
-        exited = sorted(rk for rk, code in ctx.exit_codes.items()
-                        if code and signal_of_exit(code) not in (SIGTERM, SIGINT))
-        if len(exited) == 1:
-            return exited, 1.0, [f"a line without a rank prefix was attributed to rank {exited[0]}, the only "
-                                 "rank the launcher saw exit by itself"]
+    # the one rank the launcher saw exit by itself (not stopped by SIGTERM/SIGINT, no timeout of its own):
+    # whatever ended it, the unprefixed failure is its (FORMATS.md §8.2, §18.1); also where several ranks
+    # show a failure of their own, when only one of them ended of it (another's was a warning it outlived)
+    exited = sorted(rk for rk, code in ctx.exit_codes.items() if code and signal_of_exit(code) not in (SIGTERM, SIGINT))
+    if len(exited) == 1:
+        return exited, 1.0, [f"a line without a rank prefix was attributed to rank {exited[0]}, the only "
+                             "rank the launcher saw exit by itself"]
     return [], 1.0, []
 
 
@@ -154,13 +153,25 @@ def peer_symptoms(ctx: Context, culprits: list[int], limit: int = 3) -> list[dic
 def by_host_pid(ctx: Context) -> dict[tuple, set[int]]:
     """(host, pid) -> ranks seen with that pid on that host; (None, pid) across hosts. Besides rows
     with both, the DeepSpeed launcher's spawn lines give pid -> local rank, and its
-    `global_rank_mapping` the node's global ranks (FORMATS.md §18.5)."""
+    `global_rank_mapping` the node's global ranks (FORMATS.md §18.5), and a launcher's table of its workers
+    (Ray Train's) each worker's host, pid and rank."""
     out: dict[tuple, set[int]] = {}
     ev = ctx.events.filter(pl.col("pid").is_not_null() & pl.col("rank").is_not_null())
-    pairs = list(ev.select("host", "pid", "rank").iter_rows()) + _spawned_ranks(ctx)
+    pairs = list(ev.select("host", "pid", "rank").iter_rows()) + _spawned_ranks(ctx) + _tabled_ranks(ctx)
     for host, pid, rank in pairs:
         out.setdefault((host, pid), set()).add(rank)
         out.setdefault((None, pid), set()).add(rank)
+    return out
+
+
+def _tabled_ranks(ctx: Context) -> list[tuple]:
+    """(host, pid, rank) of each worker a launcher's table lists (patterns/signatures/launcher/worker_table.toml)."""
+    out = []
+    for r in ctx.rows("worker_table"):
+        x = extra(r)
+        pid, rank = x.get("worker_pid"), x.get("worker_rank")
+        if isinstance(pid, int) and isinstance(rank, int):
+            out.append((x.get("worker_host"), pid, rank))
     return out
 
 

@@ -17,9 +17,11 @@ from ncclforensics.rules.detectors.common import (
 )
 from ncclforensics.signals import SIGKILL
 
-# the kernel's and the scheduler's kills: a process vanished, matched to a rank by pid (FORMATS.md §12.3, §13);
-# Kubernetes' OOMKilled pod: its container's memory limit (patterns/signatures/launcher/pod_oom_killed.toml)
-_KILL_KINDS = ("oom_killer", "slurm_oom", "srun_task_exit", "pod_oom_killed")
+# the kernel's, the scheduler's and a launcher's kills: a process vanished, matched to a rank by pid (FORMATS.md
+# §12.3, §13); Kubernetes' OOMKilled pod: its container's memory limit (patterns/signatures/launcher/
+# pod_oom_killed.toml); Ray's memory monitor: a worker's pid on a node (patterns/signatures/launcher/ray_oom.toml)
+_REPORTED_KILLS = ("slurm_oom", "srun_task_exit", "pod_oom_killed", "ray_oom")
+_KILL_KINDS = ("oom_killer", *_REPORTED_KILLS)
 
 
 @detector
@@ -62,6 +64,8 @@ def _kill_what(killed: list[dict]) -> str:
         return "host memory (the kernel OOM killer)"
     if "pod_oom_killed" in kinds:
         return "its container's memory limit (Kubernetes: OOMKilled)"
+    if "ray_oom" in kinds:
+        return "host memory (Ray's memory monitor)"
     return "host memory (Slurm's cgroup OOM handler)"
 
 
@@ -79,7 +83,7 @@ def _host_kills(ctx: Context) -> list[dict]:
 
     kernel = ctx.rows("oom_killer")
     killed = [r for r in kernel if not worker_kill(r)]
-    slurm = [r for r in ctx.causes(RootCause.OOM) if r["kind"] in ("slurm_oom", "srun_task_exit", "pod_oom_killed")]
+    reported = [r for r in ctx.causes(RootCause.OOM) if r["kind"] in _REPORTED_KILLS]
     if killed or not ((kernel and all(map(worker_kill, kernel))) or (not kernel and loader_sigkill)):
-        killed += slurm
+        killed += reported
     return killed
