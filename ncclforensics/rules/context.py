@@ -238,6 +238,26 @@ class Context:
         return bool(seqs) and max(seqs) > 2
 
     @cached_property
+    def _training_signs(self) -> list[dict]:
+        """The rows training_started reads: progress, a fingerprint or a save, a timeout past SeqNum 2."""
+        signs = [r for r in self.all_rows if r["role"] == EvidenceRole.PROGRESS.value and r["kind"] != "fr_pg"]
+        signs += self.rows("fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report")
+        return signs + [r for r in self.rows("watchdog_timeout", "watchdog_status")
+                        if r["seq"] is not None and r["seq"] > 2]
+
+    def trained_after(self, row: dict) -> bool:
+        """Whether a sign of training follows `row`: later in its own file, or in another file unless both
+        are stamped and the sign is not later (a paste of a run that trained, then of a relaunch that could
+        not start, has its start-up failure after every step line)."""
+        for s in self._training_signs:
+            if s["file"] == row["file"]:
+                if s["line"] > row["line"]:
+                    return True
+            elif s["ts"] is None or row["ts"] is None or s["ts"] > row["ts"]:
+                return True
+        return False
+
+    @cached_property
     def first_symptom_ts(self):
         ts = [r["ts"] for r in self._by_role.get(SYMPTOM, ()) if r["ts"] is not None]
         return min(ts) if ts else None

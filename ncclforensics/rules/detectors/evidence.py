@@ -31,7 +31,9 @@ def class_evidence(ctx: Context, cls: str) -> list[Hit]:
     root = RootCause(cls)
     rows = ctx.causes(root)
     if root is RootCause.NETWORK_INIT and ctx.training_started:
-        rows = []  # an init-phase failure cannot explain a run that trained (retried, or noise)
+        # an init-phase failure cannot explain a run that trained after it (retried, or noise); one after
+        # every step of its file is a relaunch's that could not start
+        rows = [r for r in rows if not ctx.trained_after(r)]
     if not rows:
         return []
     top = max(r["strength"] for r in rows)
