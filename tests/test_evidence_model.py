@@ -346,3 +346,55 @@ def test_a_rankless_failure_goes_to_the_one_rank_that_exited_of_itself(tmp_path:
         "[2024-04-02 11:35:22,551] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) "
         "local_rank: 3 (pid: 7015) of binary: /usr/bin/python"))
     assert (v.root_cause, v.culprit_ranks) == (RootCause.OOM, [3])
+
+
+# -- start-up failures of other wordings -------------------------------------------------------
+def test_a_relaunch_that_cannot_start_after_a_run_that_trained_is_network_init(tmp_path: Path):
+    """A paste of a run that trained, then of a relaunch on two nodes whose daemon cannot connect back to
+    mpirun (Open MPI's oob_tcp_connection.c): the start-up failure comes after every step line of its file."""
+    v = verdict(tmp_path, (
+        "[1,0]<stdout>:epoch 0 step 190/200 loss 6.1449\n"
+        "[1,0]<stdout>:epoch 0 step 200/200 loss 6.1287\n"
+        "$ mpirun -np 16 -H node1:8,node2:8 python train.py\n"
+        "------------------------------------------------------------\n"
+        "A process or daemon was unable to complete a TCP connection\n"
+        "to another process:\n"
+        "  Local host:    node2\n"
+        "  Remote host:   10.20.4.11\n"
+        "This is usually caused by a firewall on the remote host. Please"))
+    assert v.root_cause == RootCause.NETWORK_INIT, (v.rule, v.title)
+
+
+def test_a_start_up_failure_before_the_steps_is_no_verdict_of_its_own(tmp_path: Path):
+    """The same line before the run's steps: the run started after it (a retry), so it explains nothing."""
+    v = verdict(tmp_path, (
+        "A process or daemon was unable to complete a TCP connection\n"
+        "[1,0]<stdout>:epoch 0 step 190/200 loss 6.1449\n"
+        "[1,0]<stdout>:epoch 0 step 200/200 loss 6.1287"))
+    assert v.root_cause != RootCause.NETWORK_INIT, (v.rule, v.title)
+
+
+def test_nccl_net_naming_a_missing_network_is_network_init(tmp_path: Path):
+    """NCCL_NET=IB where the pod has no RDMA device: NCCL's `Error: network IB not found.` (src/net.cc)."""
+    v = verdict(tmp_path, (
+        "worker-0:88:301 [0] NCCL INFO NET/IB : No device found.\n"
+        "worker-0:88:301 [0] net.cc:772 NCCL WARN Error: network IB not found.\n"
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:121, "
+        "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5\n"
+        "ncclInvalidUsage: This usually reflects invalid usage of NCCL library."))
+    assert v.root_cause == RootCause.NETWORK_INIT, (v.rule, v.title)
+
+
+def test_the_spawn_bootstrap_message_over_several_lines_is_a_missing_main_guard(tmp_path: Path):
+    """CPython's triple-quoted RuntimeError (Lib/multiprocessing/spawn.py): the traceback prints `RuntimeError: `
+    alone, then the message's lines as written."""
+    v = verdict(tmp_path, (
+        "    _check_not_importing_main()\n"
+        '  File "/usr/lib/python3.10/multiprocessing/spawn.py", line 134, in _check_not_importing_main\n'
+        "    raise RuntimeError('''\n"
+        "RuntimeError: \n"
+        "        An attempt has been made to start a new process before the\n"
+        "        current process has finished its bootstrapping phase.\n"
+        "\n"
+        "        This probably means that you are not using fork to start your"))
+    assert v.root_cause == RootCause.LAUNCH_CONFIG, (v.rule, v.title)
