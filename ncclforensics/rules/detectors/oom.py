@@ -70,7 +70,8 @@ def _kill_what(killed: list[dict]) -> str:
 
 
 def _host_kills(ctx: Context) -> list[dict]:
-    """The kernel's OOM kills of training processes, and Slurm's cgroup OOM reports; a DataLoader
+    """The kernel's OOM kills of training processes, and the kills a scheduler or launcher reports (Slurm's
+    cgroup OOM, Kubernetes' OOMKilled, Ray's memory monitor: _REPORTED_KILLS); a DataLoader
     worker the OOM killer took is the loader's death (DL001): its pid is in the `DataLoader worker
     (pid N) is killed` line, its comm pt_data_worker. Slurm's `Detected N oom_kill event` counts the
     same kills, so it is the loader's too when every kill seen, or the only death, is a worker's."""
