@@ -77,7 +77,9 @@ def storage_stall(ctx: Context) -> list[Hit]:
     x = extra(first)
     tasks = list(dict.fromkeys(f"{extra(h).get('comm', 'a process')}:{extra(h).get('victim_pid', '?')}"
                                for h, _ in stalled))
-    return [Hit(culprits=ranks, evidence=ctx.evidence_rows([first, *frames[:3], *ctx.symptoms()[:3]]),
+    writing = sorted(frames, key=lambda f: not extra(f).get("write"))  # the write path's frames first
+    waits = [r for r in ctx.rows("watchdog_timeout", "gloo_timeout", "watchdog_status") if r["rank"] in waiting]
+    return [Hit(culprits=ranks, evidence=ctx.evidence_rows([first, *writing[:2], *waits[:3]]),
                 ts=earliest_ts([h for h, _ in stalled]), collective=stuck_collective(ctx), confidence=confidence,
                 notes=notes,
                 fields={**rank_fields(ranks), "n_waiting": len(waiting),
