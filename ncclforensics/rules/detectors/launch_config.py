@@ -16,6 +16,7 @@ _PROBLEM_KINDS = {
     "shm": ("nccl_shm_error",),
     "device": ("cuda_error", "cuda_error_hint", "wrong_device", "exception", "exception_line"),
     "main_guard": ("spawn_bootstrap", "exception"),
+    "fork": ("exception", "exception_line"),
     "env": ("env_unset",),
 }
 
@@ -26,9 +27,20 @@ def _bootstrap_stack(r: dict) -> bool:
     return "_check_not_importing_main" in str(extra(r).get("stack") or "")
 
 
+# torch's refusal to use CUDA in a forked worker whose parent initialised it (torch/cuda/__init__.py _lazy_init;
+# the launch_config meaning of python/exception*.toml names the same text)
+_FORKED_CUDA = "Cannot re-initialize CUDA in forked subprocess"
+
+
+def _forked_cuda(r: dict) -> bool:
+    return _FORKED_CUDA in str(r.get("detail") or r.get("text") or "")
+
+
 # which exception rows of the launch_config class belong to which problem: the bootstrapping check's
-# to the __main__ guard, the others (torch's driver check: the node's CUDA driver) to the device
-_EXCEPTION_OF = {"main_guard": _bootstrap_stack, "device": lambda r: not _bootstrap_stack(r)}
+# to the __main__ guard, CUDA in a forked worker to the start method, the others (torch's driver check:
+# the node's CUDA driver) to the device
+_EXCEPTION_OF = {"main_guard": _bootstrap_stack, "fork": _forked_cuda,
+                 "device": lambda r: not _bootstrap_stack(r) and not _forked_cuda(r)}
 
 
 @detector
