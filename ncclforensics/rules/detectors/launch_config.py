@@ -111,3 +111,31 @@ def shared_gpu(ctx: Context) -> list[Hit]:
                         "what": (first.get("detail") or first["text"] or "")[:200]},
                 hosts=sorted({r["host"] for r, _ in rows if r["host"]}), collective=Collective(),
                 confidence=0.75, params={"mode": "shared_gpu"})]
+
+
+# torch.multiprocessing's report that a child it started raised (torch/multiprocessing/spawn.py, ProcessContext.join;
+# FORMATS.md §18.2): the process that printed it started ranks itself
+_SPAWN_RAISED = "ProcessRaisedException"
+
+
+@detector
+def nested_launch(ctx: Context) -> list[Hit]:
+    """A torchrun worker (its rows carry the local rank torchrun's prefix or log-dir gives) that started ranks
+    itself with torch.multiprocessing (mp.spawn's ProcessRaisedException), whose children then failed to form
+    their process group (a start-up network or launch failure after it in the same file): two launchers, each
+    making its own group on the same MASTER_PORT and GPUs."""
+    spawned = [r for r in ctx.rows("exception", "exception_line") if r["local_rank"] is not None
+               and str(extra(r).get("exc_type") or "").endswith(_SPAWN_RAISED)]
+    if not spawned:
+        return []
+    inner = [r for r in ctx.causes(RootCause.NETWORK_INIT) + ctx.causes(RootCause.LAUNCH_CONFIG)
+             if any(r["file"] == s["file"] and r["line"] > s["line"] for s in spawned)]
+    if not inner:
+        return []
+    inner.sort(key=lambda r: (-r["strength"], r["file"], r["line"]))
+    first = inner[0]
+    return [Hit(culprits=[], evidence=ctx.evidence_rows(spawned[:2] + inner[:3]), ts=earliest_ts(spawned + inner),
+                fields={"what": (first.get("detail") or first["text"] or "")[:200],
+                        "n_workers": len({(s["file"], s["local_rank"]) for s in spawned})},
+                hosts=sorted({r["host"] for r in spawned if r["host"]}), collective=Collective(),
+                params={"mode": "nested_launch"})]
