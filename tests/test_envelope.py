@@ -292,6 +292,8 @@ def test_nccl_lines_are_their_own_writer() -> None:
     # one kernel log per host in a kernel-log folder, named by the host
     ("dmesg/gpu-b27.txt", "gpu-b27"), ("kern_logs/node05.log", "node05"), ("run/dmesg/gpu-k51.log", "gpu-k51"),
     ("dmesg/rank3.log", None), ("dmesg/dmesg.txt", None), ("logs/node05.log", None),
+    # dmesg's option letters in the name (`dmesg -T > dmesg-T.txt`) are no host
+    ("dmesg-T.txt", None), ("dmesg-H.log", None), ("node05/dmesg-T.txt", "node05"),
 ])
 def test_kernel_log_names_give_the_host(name: str, host: str | None):
     from ncclforensics.ingest.attribution import path_hints

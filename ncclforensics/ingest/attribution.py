@@ -13,7 +13,7 @@ _OMPI_TREE = re.compile(r"(?:^|/)rank\.(?P<r>\d{1,7})/(?:stdout|stderr|stddiag)$
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[_\-]?(?P<r>\d{1,6})(?![\d])", re.I)
 # node05, gpu-q17, ip-10-0-0-1, worker12.cluster: letters, then a number that ends the short name
 _HOSTISH = re.compile(r"^[A-Za-z][A-Za-z\-_]{0,40}\d[\d\-]{0,20}(?:\.[A-Za-z][\w\-]{0,62}){0,6}$")
-_DMESG_HOST = re.compile(r"^(?:dmesg|kern|syslog|messages)[-_.](?P<host>[A-Za-z][\w.\-]+?)(?:\.(?:log|txt|out))?$")
+_DMESG_HOST = re.compile(r"^(?:dmesg|kern|syslog|messages)[-_.](?P<host>[A-Za-z][\w.\-]*?)(?:\.(?:log|txt|out))?$")
 _KERNEL_DIR = re.compile(r"^(?:dmesg|kern|kernel|syslog|messages)(?:[-_.]?logs?)?$", re.I)
 _STEM = re.compile(r"(?:\.(?:log|txt|out))+$", re.I)
 _EXTENSIONS = frozenset({"txt", "log", "out", "err", "gz", "bz2", "zst", "xz", "json"})
@@ -42,7 +42,9 @@ def path_hints(name: str) -> FileContext:
             ctx.rank = int(rm.group("r"))
         ctx.one_process = om is not None
     dm = _DMESG_HOST.match(leaf)
-    if dm is not None and dm.group("host").lower() not in _EXTENSIONS:  # dmesg.txt names no host
+    # dmesg.txt names no host, nor does dmesg-T.txt: one letter is dmesg's option (util-linux dmesg(1): -T
+    # --ctime, -H --human, -e --reltime, -x --decode), never a host name
+    if dm is not None and dm.group("host").lower() not in _EXTENSIONS and len(dm.group("host")) > 1:
         ctx.host = dm.group("host")
     elif len(parts) > 1 and _KERNEL_DIR.match(parts[-2]):
         stem = _STEM.sub("", leaf)  # dmesg/gpu-b27.txt: one kernel log per host, named by the host
