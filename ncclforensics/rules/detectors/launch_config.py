@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ncclforensics.console import plural
 from ncclforensics.model import Collective, RootCause
 from ncclforensics.rules.context import Context, culprits_named, extra
 from ncclforensics.rules.detectors.common import Hit, detector, earliest_ts, rank_fields
@@ -136,6 +137,6 @@ def nested_launch(ctx: Context) -> list[Hit]:
     first = inner[0]
     return [Hit(culprits=[], evidence=ctx.evidence_rows(spawned[:2] + inner[:3]), ts=earliest_ts(spawned + inner),
                 fields={"what": (first.get("detail") or first["text"] or "")[:200],
-                        "n_workers": len({(s["file"], s["local_rank"]) for s in spawned})},
+                        "workers": plural(len({(s["file"], s["local_rank"]) for s in spawned}), "worker")},
                 hosts=sorted({r["host"] for r in spawned if r["host"]}), collective=Collective(),
                 params={"mode": "nested_launch"})]
