@@ -104,7 +104,7 @@ def _tabled_ranks(df: pl.DataFrame) -> pl.DataFrame:
     """A launcher's table of the workers it started (Ray Train's, patterns/signatures/launcher/worker_table.toml)
     names each worker's host, pid and rank: a row of that pid on that host (or of a pid no two listed workers
     share, for a line whose prefix names no host) without a rank is that worker's."""
-    if "worker_table" not in df["kind"].cast(pl.Utf8).unique().to_list():
+    if not (df["kind"] == "worker_table").any():
         return df
     x = pl.col("extra")
     table = (df.filter(pl.col("kind") == "worker_table")

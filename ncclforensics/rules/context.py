@@ -230,16 +230,11 @@ class Context:
     @cached_property
     def training_started(self) -> bool:
         """Any sign that a collective completed or a step ran: a failure after this is no init failure."""
-        if any(r["role"] == EvidenceRole.PROGRESS.value and r["kind"] != "fr_pg" for r in self.all_rows):
-            return True
-        if self.rows("fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report"):
-            return True
-        seqs = [r["seq"] for r in self.rows("watchdog_timeout", "watchdog_status") if r["seq"] is not None]
-        return bool(seqs) and max(seqs) > 2
+        return bool(self._training_signs)
 
     @cached_property
     def _training_signs(self) -> list[dict]:
-        """The rows training_started reads: progress, a fingerprint or a save, a timeout past SeqNum 2."""
+        """The signs of training: progress, a fingerprint or a save, a timeout past SeqNum 2."""
         signs = [r for r in self.all_rows if r["role"] == EvidenceRole.PROGRESS.value and r["kind"] != "fr_pg"]
         signs += self.rows("fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report")
         return signs + [r for r in self.rows("watchdog_timeout", "watchdog_status")
