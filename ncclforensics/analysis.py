@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,22 +32,34 @@ class Analysis:
 def analyze_path(path: str | Path | list[str | Path], *, progress=None, check_runs: bool = True) -> Analysis:
     """Analyze a run: a folder, file or archive, or several paths of one run. With check_runs, a
     folder whose logs look like several runs gets a warning in run.notes (and `several_runs`)."""
-    res = build_events(path, progress=progress)
+    res = build_events(path, progress=progress, aside=several_runs_check(path) if check_runs else None)
     if res.files == 0 and res.events.is_empty():
         raise NoInputError(no_input_message(" ".join(map(str, path)) if isinstance(path, list) else str(path), res))
-    warning = note_several_runs(res, path) if check_runs and not isinstance(path, list) else None
     analysis = analyze_events(res)
-    analysis.several_runs = warning
+    note_several_runs(analysis)
     analysis.path = path
     return analysis
 
 
-def note_several_runs(res: IngestResult, path: str | Path) -> str | None:
-    """When the logs under the folder `path` tell several runs apart: the warning, also put first in
-    the run's notes (run.notes, the report's verdict card). None for one run, a file, an archive."""
-    warning = several_runs_warning(Path(path)) if str(path) != "-" else None
+def several_runs_check(path: str | Path | list[str | Path]) -> Callable[[], str | None] | None:
+    """Whether the folder `path` holds several runs, as work for build_events' `aside` (done beside
+    the reading); None where there is nothing to check: several paths, standard input."""
+    if isinstance(path, list) or str(path) == "-":
+        return None
+    return functools.partial(several_runs_warning, Path(path))
+
+
+def note_several_runs(analysis: Analysis) -> str | None:
+    """The check's warning when the folder's logs tell several runs apart (several_runs_check, done
+    beside the reading), put first in the run's notes (the report's verdict card) and in
+    `analysis.several_runs`. None for one run, a file, an archive, or no check."""
+    aside = analysis.ingest.aside
+    value = aside.result() if aside is not None else None
+    warning = value if isinstance(value, str) and value else None
     if warning:
-        res.notes.insert(0, warning)
+        analysis.ingest.notes.insert(0, warning)
+        analysis.diagnosis.facts.notes.insert(0, warning)
+    analysis.several_runs = warning
     return warning
 
 

@@ -101,15 +101,16 @@ def _imports_done() -> None:
         gc.enable()
 
 
-def _read_run(paths: list[str], progress: Progress, jobs: int = 1):
-    """build_events over the paths of one run; NoInputError when nothing in them is a log."""
+def _read_run(paths: list[str], progress: Progress, jobs: int = 1, aside=None):
+    """build_events over the paths of one run (`aside`: work beside the reading, build_events);
+    NoInputError when nothing in them is a log."""
     from ncclforensics.analysis import looks_like_logs, no_input_message
     from ncclforensics.events import build_events
 
     _imports_done()
     if "-" in paths and sys.stdin is not None and sys.stdin.isatty() and progress.enabled:
         err("ncclforensics: reading a log from standard input; end it with Ctrl-D")
-    res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read, jobs=jobs)
+    res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read, jobs=jobs, aside=aside)
     if not looks_like_logs(res):
         raise NoInputError(no_input_message(_label(paths), res))
     return res
@@ -246,7 +247,7 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
              quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None,
              jobs: int | None = None) -> int:
     from ncclforensics import outpaths
-    from ncclforensics.analysis import analyze_events, note_several_runs
+    from ncclforensics.analysis import analyze_events, note_several_runs, several_runs_check
     from ncclforensics.outputs import FORMATS, DocFormat, Inputs, context_lines, render, reproducer
 
     fail = _fail_on(fail_on)
@@ -271,12 +272,13 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     several = None
     docs: dict[DocFormat, str] = {}
     try:
-        res = _read_run(paths, progress, _jobs(jobs))
-        if len(paths) == 1:
-            progress.phase("checking whether the folder holds several runs")
-            several = note_several_runs(res, paths[0])
+        # the several-runs check is done beside the reading (in a share's process when it has one)
+        res = _read_run(paths, progress, _jobs(jobs), several_runs_check(paths[0] if len(paths) == 1 else paths))
         progress.phase(f"diagnosing {plural(res.events.height, 'event')}")
         analysis = analyze_events(res)
+        if res.aside is not None:
+            progress.phase("checking whether the folder holds several runs")
+            several = note_several_runs(analysis)
         analysis.path = paths if len(paths) > 1 else paths[0]
         diag = analysis.diagnosis
         # the reproducer goes into the documents and the -o folder; the terminal summary never shows it

@@ -39,10 +39,13 @@ class IngestResult:
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     year_source: str = ""
+    # build_events(aside=…): the work done beside the reading; its value comes from `aside.result()`
+    aside: Aside | None = field(default=None, repr=False, compare=False)
 
 
 def build_events(path: str | Path | Sequence[str | Path], *,
-                 progress: Callable[[str, int], None] | None = None, jobs: int = 1) -> IngestResult:
+                 progress: Callable[[str, int], None] | None = None, jobs: int = 1,
+                 aside: Callable[[], object] | None = None) -> IngestResult:
     """Read every source under `path` (or under each of several paths of one run, discover.roots_of;
     "-" is standard input) into the event table. Raises NoInputError for a missing path.
     `progress(file, nbytes)` is called as each piece of a file reaches the scanner.
@@ -55,15 +58,79 @@ def build_events(path: str | Path | Sequence[str | Path], *,
     `jobs` > 1: a run large enough is read by up to that many processes, each reading its share
     of the files and of slices of big ones (ingest.shares); the shares' rows join in walk order, so
     the table is the one a single process makes.
+
+    `aside`: work that needs no event (a function of no argument; its value must pickle). In a
+    shared reading the last share's process does it once its books are sent (shares are rarely
+    equal: its core would idle while this one reads and makes the table); otherwise it is done here
+    when `result.aside.result()` asks for it.
     """
     roots = roots_of(path)
     run = ", ".join(STDIN_NAME if r.path is None else run_name(r.path) for r in roots)
     plan = shares.plan(roots, jobs, SHARE_MIN_BYTES) if jobs > 1 else None
+    beside = Aside(aside) if aside is not None else None
     if plan is not None:
-        books = _read_shared(roots, run, plan, progress)
+        try:
+            books = _read_shared(roots, run, plan, progress, beside)
+        except BaseException:
+            if beside is not None:
+                beside.close()
+            raise
         if books is not None:
-            return books.finish()
-    return _read(roots, run, progress).finish()
+            return _with_aside(books.finish(), beside)
+        if beside is not None:
+            beside.close()  # the shares read nothing: its process, if any, is not waited for
+    return _with_aside(_read(roots, run, progress).finish(), beside)
+
+
+def _with_aside(res: IngestResult, beside: Aside | None) -> IngestResult:
+    res.aside = beside
+    return res
+
+
+_UNSET = object()
+
+
+class Aside:
+    """Work done beside a run's reading (build_events' `aside`): in a share's process, which sends
+    its value after its books, or here at the first `result()`. A process that fails or sends no
+    value only costs the time it took: the work is then done here, so its errors are this process's."""
+
+    def __init__(self, task: Callable[[], object]) -> None:
+        self.task = task
+        self._value: object = _UNSET
+        self._proc = None
+        self._conn = None
+
+    def give(self, proc, conn) -> None:
+        """The share's process doing the work, and the pipe its value comes by."""
+        self._proc, self._conn = proc, conn
+
+    def owns(self, proc) -> bool:
+        return proc is self._proc
+
+    def result(self) -> object:
+        """The work's value: the share's process's, else done here (once)."""
+        if self._value is _UNSET and self._conn is not None:
+            try:
+                sent = self._conn.recv()
+            except (EOFError, OSError, pickle.UnpicklingError):
+                sent = None
+            self.close()
+            if isinstance(sent, tuple) and len(sent) == 2 and sent[0] == "aside":
+                self._value = sent[1]
+        if self._value is _UNSET:
+            self._value = self.task()
+        return self._value
+
+    def close(self) -> None:
+        """Stop waiting for the share's process (ended, or killed when it still works)."""
+        conn, proc, self._conn, self._proc = self._conn, self._proc, None, None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
 
 
 def _read(roots: list[Root], run: str, progress: Callable[[str, int], None] | None,
@@ -91,10 +158,11 @@ SHARE_MIN_BYTES = shares.SHARE_MIN_BYTES  # tests lower it
 
 
 def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
-                 progress: Callable[[str, int], None] | None) -> _Books | None:
+                 progress: Callable[[str, int], None] | None, beside: Aside | None = None) -> _Books | None:
     """Read the run in len(plan) processes: this one reads the first share, forked ones the others
-    and send their books back. A share whose process fails is read here. None when the shares read
-    no file (the run may be documents only: one reader decides how to read those)."""
+    and send their books back (the last one then does `beside`'s work). A share whose process fails
+    is read here. None when the shares read no file (the run may be documents only: one reader
+    decides how to read those)."""
     try:
         import multiprocessing  # here: a run read by one process never needs it
 
@@ -103,10 +171,13 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
         return None  # no fork on this platform
     if any(sh.largest >= NUMPY_MIN for sh in plan):
         numpy_module()  # imported now (it will be used), never by a thread while a child forks
+    def task_of(share: shares.Share) -> Callable[[], object] | None:
+        return beside.task if beside is not None and share is plan[-1] else None
+
     workers = []
     for share in plan[1:]:
         recv, send = mp.Pipe(duplex=False)
-        proc = mp.Process(target=_share_worker, args=(roots, run, share, send), daemon=True,
+        proc = mp.Process(target=_share_worker, args=(roots, run, share, send, task_of(share)), daemon=True,
                           name=f"ncclforensics-share-{share.index}")
         try:
             proc.start()
@@ -126,22 +197,29 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
                     part = recv.recv()
                 except (EOFError, OSError, pickle.UnpicklingError):
                     part = None
-                recv.close()
-                proc.join()
+                if beside is not None and task_of(share) is not None and isinstance(part, _Books):
+                    beside.give(proc, recv)  # its value comes after the books: it still works
+                else:
+                    recv.close()
+                    if task_of(share) is not None and proc.is_alive():
+                        proc.kill()  # it failed its share: not waited for while it does the work
+                    proc.join()
             if not isinstance(part, _Books):
                 part = _read(roots, run, None, share)
             books.merge(part, progress)
     finally:
         for _, proc, _ in workers:
-            if proc is not None and proc.is_alive():
+            if proc is not None and proc.is_alive() and (beside is None or not beside.owns(proc)):
                 proc.kill()
                 proc.join()
     return books if books.files else None
 
 
-def _share_worker(roots: list[Root], run: str, share: shares.Share, conn) -> None:
+def _share_worker(roots: list[Root], run: str, share: shares.Share, conn,
+                  task: Callable[[], object] | None = None) -> None:
     """A forked process: read the share and send its books (or None when reading failed: the parent
-    then reads the share itself and reports what goes wrong)."""
+    then reads the share itself and reports what goes wrong); then do `task`, if any, and send
+    ("aside", its value) (nothing when it failed: the parent does it again)."""
     try:
         books = _read(roots, run, None, share)
         for ctx in books.files:
@@ -155,6 +233,12 @@ def _share_worker(roots: list[Root], run: str, share: shares.Share, conn) -> Non
         conn.send(books)
     except (OSError, pickle.PicklingError, TypeError):
         pass
+    del books
+    if task is not None:
+        try:
+            conn.send(("aside", task()))
+        except BaseException:  # anything (a broken pipe included): the parent does the work itself
+            pass
     conn.close()
 
 

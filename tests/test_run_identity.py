@@ -145,6 +145,14 @@ def test_analyze_on_several_runs_warns(tmp_path):
     html = (tmp_path / "r.html").read_text()
     verdict = html[html.index('<section id="verdict"'):html.index("</section>")]
     assert "this folder looks like 2 runs (a, b)" in verdict
+    # the same when the folder is read in shares (the check is then done by a share's process)
+    code = ("import sys; from ncclforensics import events; events.SHARE_MIN_BYTES = 1; "
+            f"sys.argv = ['ncclforensics', 'analyze', {str(root)!r}, '--json', '-j', '2']; "
+            "from ncclforensics.cli import run; run()")
+    shared = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert shared.returncode == 0, shared.stderr
+    assert [ln for ln in shared.stderr.splitlines() if "looks like" in ln] == warning
+    assert json.loads(shared.stdout)["run"]["notes"] == notes
     # one run: no warning, also when its parts sit in per-host folders
     assert analyze_path(SAMPLE).several_runs is None
     assert analyze_path(CASES["011"]).several_runs is None

@@ -159,6 +159,73 @@ def test_a_share_whose_process_dies_is_read_again(tmp_path, share_everything, mo
     assert sorted(s.index for s in share_everything if s is not None) == [0, 1, 2]  # two read again here
 
 
+def _pid_once(calls: list[int]):
+    """Work beside the reading that says which process did it (and counts calls made here)."""
+    parent = os.getpid()
+
+    def task() -> int:
+        if os.getpid() == parent:
+            calls.append(parent)
+        return os.getpid()
+
+    return task
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_work_beside_the_reading_is_done_by_the_last_share(tmp_path, share_everything, jobs):
+    run = _mixed_folder(tmp_path)
+    one = events.build_events(run, jobs=1)
+    calls: list[int] = []
+    share_everything.clear()
+    many = events.build_events(run, jobs=jobs, aside=_pid_once(calls))
+    _one_share_here(share_everything)
+    _same(one, many)  # the table is the one of a reading without it
+    pid = many.aside.result()
+    assert pid != os.getpid() and not calls  # a share's process did it, not this one
+    assert many.aside.result() == pid  # once
+
+
+def test_work_beside_a_reading_in_one_process_is_done_when_asked(tmp_path):
+    run = _mixed_folder(tmp_path)
+    calls: list[int] = []
+    res = events.build_events(run, jobs=2, aside=_pid_once(calls))  # too small to be shared
+    assert not calls  # not before it is asked for
+    assert res.aside.result() == os.getpid() and res.aside.result() == os.getpid() and len(calls) == 1
+    assert events.build_events(run).aside is None
+
+
+def test_work_that_fails_beside_the_reading_is_done_here(tmp_path, share_everything):
+    run = _mixed_folder(tmp_path)
+    parent = os.getpid()
+
+    def fails_there() -> str:
+        if os.getpid() != parent:
+            raise RuntimeError("only in the share's process")
+        return "here"
+
+    res = events.build_events(run, jobs=2, aside=fails_there)
+    assert res.aside.result() == "here"
+
+    def fails_everywhere() -> str:
+        raise ValueError("a bug in the check")
+
+    res = events.build_events(run, jobs=2, aside=fails_everywhere)
+    with pytest.raises(ValueError, match="a bug in the check"):  # this process's error, as without a share
+        res.aside.result()
+
+
+def test_work_beside_a_share_whose_process_dies_is_done_here(tmp_path, share_everything, monkeypatch):
+    run = _mixed_folder(tmp_path)
+
+    def dies(*_args):
+        os._exit(3)
+
+    monkeypatch.setattr(events, "_share_worker", dies)
+    calls: list[int] = []
+    res = events.build_events(run, jobs=2, aside=_pid_once(calls))
+    assert res.aside.result() == os.getpid() and len(calls) == 1
+
+
 def test_documents_only_are_read_by_one_reader(tmp_path, share_everything):
     # a folder of pasted output saved as documents is read as logs; no share decides that alone
     run = tmp_path / "issue"
