@@ -79,6 +79,8 @@ def build_events(path: str | Path | Sequence[str | Path], *,
             return _with_aside(books.finish(), beside)
         if beside is not None:
             beside.close()  # the shares read nothing: its process, if any, is not waited for
+    elif beside is not None and jobs > 1:
+        beside.start()  # a run too small to share: a process of its own does the work meanwhile
     return _with_aside(_read(roots, run, progress).finish(), beside)
 
 
@@ -100,6 +102,22 @@ class Aside:
         self._value: object = _UNSET
         self._proc = None
         self._conn = None
+
+    def start(self) -> None:
+        """Do the work in a process forked now (before any reader thread runs), if one can be."""
+        mp = _fork_context()
+        if mp is None:
+            return
+        recv, send = mp.Pipe(duplex=False)
+        proc = mp.Process(target=_aside_worker, args=(self.task, send), daemon=True, name="ncclforensics-aside")
+        try:
+            proc.start()
+        except (OSError, AssertionError):  # no process left, or this one is a daemon (a pool's worker)
+            recv.close()
+            send.close()
+            return
+        send.close()
+        self.give(proc, recv)
 
     def give(self, proc, conn) -> None:
         """The share's process doing the work, and the pipe its value comes by."""
@@ -163,11 +181,8 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
     and send their books back (the last one then does `beside`'s work). A share whose process fails
     is read here. None when the shares read no file (the run may be documents only: one reader
     decides how to read those)."""
-    try:
-        import multiprocessing  # here: a run read by one process never needs it
-
-        mp = multiprocessing.get_context("fork")
-    except ValueError:
+    mp = _fork_context()
+    if mp is None:
         return None  # no fork on this platform
     if any(sh.largest >= NUMPY_MIN for sh in plan):
         numpy_module()  # imported now (it will be used), never by a thread while a child forks
@@ -213,6 +228,25 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
                 proc.kill()
                 proc.join()
     return books if books.files else None
+
+
+def _fork_context():
+    """multiprocessing's fork context, None where processes cannot fork."""
+    import multiprocessing  # here: a run read by one process with nothing beside it never needs it
+
+    try:
+        return multiprocessing.get_context("fork")
+    except ValueError:
+        return None
+
+
+def _aside_worker(task: Callable[[], object], conn) -> None:
+    """A forked process doing only the work beside a reading (Aside.start)."""
+    try:
+        conn.send(("aside", task()))
+    except BaseException:  # anything: the parent does the work itself
+        pass
+    conn.close()
 
 
 def _share_worker(roots: list[Root], run: str, share: shares.Share, conn,

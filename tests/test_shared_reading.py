@@ -185,13 +185,21 @@ def test_work_beside_the_reading_is_done_by_the_last_share(tmp_path, share_every
     assert many.aside.result() == pid  # once
 
 
-def test_work_beside_a_reading_in_one_process_is_done_when_asked(tmp_path):
+def test_work_beside_a_run_too_small_to_share_has_a_process_of_its_own(tmp_path):
     run = _mixed_folder(tmp_path)
     calls: list[int] = []
     res = events.build_events(run, jobs=2, aside=_pid_once(calls))  # too small to be shared
+    pid = res.aside.result()
+    assert pid != os.getpid() and not calls and res.aside.result() == pid
+    assert events.build_events(run).aside is None
+
+
+def test_work_beside_a_reading_in_one_process_is_done_when_asked(tmp_path):
+    run = _mixed_folder(tmp_path)
+    calls: list[int] = []
+    res = events.build_events(run, jobs=1, aside=_pid_once(calls))
     assert not calls  # not before it is asked for
     assert res.aside.result() == os.getpid() and res.aside.result() == os.getpid() and len(calls) == 1
-    assert events.build_events(run).aside is None
 
 
 def test_work_that_fails_beside_the_reading_is_done_here(tmp_path, share_everything):
