@@ -398,3 +398,72 @@ def test_the_spawn_bootstrap_message_over_several_lines_is_a_missing_main_guard(
         "\n"
         "        This probably means that you are not using fork to start your"))
     assert v.root_cause == RootCause.LAUNCH_CONFIG, (v.rule, v.title)
+
+
+def test_a_worker_the_agent_killed_after_its_sigterm_did_not_die_of_its_own_sigkill(tmp_path: Path):
+    # torchrun's escalation (torch/distributed/elastic/multiprocessing/api.py `_close`): the -9 is the agent's
+    # kill of a worker stuck in the kernel, whose hung-task trace (kernel/hung_task.c) runs through NFS removal
+    text = (
+        "[Mon Mar 18 02:16:05 2024] INFO: task python:4410 blocked for more than 122 seconds.\n"
+        "[Mon Mar 18 02:16:05 2024] task:python          state:D stack:    0 pid: 4410 ppid:  4400 flags:0x00004002\n"
+        "[Mon Mar 18 02:16:05 2024] Call Trace:\n"
+        "[Mon Mar 18 02:16:05 2024]  rpc_wait_bit_killable+0x11/0x70 [sunrpc]\n"
+        "[Mon Mar 18 02:16:05 2024]  nfs4_proc_remove+0x5d/0x110 [nfsv4]\n"
+        "[Mon Mar 18 02:16:05 2024]  nfs_unlink+0xba/0x1b0 [nfs]\n"
+        "[rank1]:[E ProcessGroupNCCL.cpp:523] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=901, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=1800000) ran for 1800791 "
+        "milliseconds before timing out.\n"
+        "[2024-03-18 02:38:14,102] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 4410 "
+        "closing signal SIGTERM\n"
+        "[2024-03-18 02:38:44,131] torch.distributed.elastic.multiprocessing.api: [WARNING] Unable to shutdown "
+        "process 4410 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+        "train.py FAILED\n"
+        "------------------------------------------------------------\n"
+        "Failures:\n"
+        "[1]:\n"
+        "  time      : 2024-03-18_02:38:44\n"
+        "  host      : node-a\n"
+        "  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : -9 (pid: 4410)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 9 (SIGKILL) received by PID 4410\n"
+        "------------------------------------------------------------\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  time      : 2024-03-18_02:38:14\n"
+        "  host      : node-a\n"
+        "  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -6 (pid: 4411)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 4411\n"
+        "============================================================\n")
+    v = verdict(tmp_path, text)
+    assert (v.root_cause, v.rule, v.culprit_ranks) == (RootCause.CHECKPOINT_SAVE, "CK003", [0])
+
+
+def test_the_agent_losing_its_store_while_the_workers_run_is_no_start_up_failure(tmp_path: Path):
+    # the agent's membership check runs only while the workers are healthy (elastic/agent/server/api.py
+    # `_invoke_run` -> `num_nodes_waiting`): the store lost mid-run, beside the peers' transport errors
+    text = (
+        "node-a:77302:77561 [3] transport/net_ib.cc:1672 NCCL WARN NET/IB : Got completion from peer "
+        "10.50.1.12<55213> with status=12 opcode=0 len=0 vendor err 129 (Send)\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/bin/torchrun", line 8, in <module>\n'
+        "    sys.exit(main())\n"
+        '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/elastic/agent/server/api.py", line 901, '
+        "in _invoke_run\n"
+        "    num_nodes_waiting = rdzv_handler.num_nodes_waiting()\n"
+        '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py", '
+        "line 1185, in num_nodes_waiting\n"
+        "    self._state_holder.sync()\n"
+        "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has "
+        "failed. See inner exception for details.\n")
+    assert verdict(tmp_path, text).root_cause is RootCause.NETWORK_RUNTIME
+    # the same error on the way into the rendezvous is start-up's
+    start = text.replace("_invoke_run\n    num_nodes_waiting = rdzv_handler.num_nodes_waiting()",
+                         "_rendezvous\n    store, group_rank, group_world_size = spec.rdzv_handler.next_rendezvous()"
+                         ).replace("in num_nodes_waiting", "in next_rendezvous").split("Traceback", 1)
+    (tmp_path / "start").mkdir()
+    assert verdict(tmp_path / "start", "Traceback" + start[1]).root_cause is RootCause.NETWORK_INIT

@@ -134,11 +134,16 @@ class Context:
 
     @cached_property
     def _cause_rows(self) -> list[dict]:
-        """What causes() chooses from: cause rows but a Flight Recorder's and the exit reports that
-        follow from a rank's own lines."""
+        """What causes() chooses from: cause rows but a Flight Recorder's, the exit reports that follow
+        from a rank's own lines, and a start-up reading of a line that another row of it (a traceback's
+        stack: the launcher's run loop) places while the run went on."""
         explained = self._ranks_with_own_lines
-        return [r for r in self._by_role.get(CAUSE, ()) if r["source"] != "flight_recorder"
-                and not (r["rank"] in explained and _is_agent_row(r))]
+        rows = self._by_role.get(CAUSE, ())
+        in_run = {(r["file"], r["line"]) for r in rows
+                  if r["phase"] == "runtime" and r["class"] == RootCause.NETWORK_RUNTIME.value}
+        return [r for r in rows if r["source"] != "flight_recorder"
+                and not (r["rank"] in explained and _is_agent_row(r))
+                and not (r["class"] == RootCause.NETWORK_INIT.value and (r["file"], r["line"]) in in_run)]
 
     def causes(self, cls: RootCause | None = None, *, min_strength: Strength = Strength.WEAK) -> list[dict]:
         """Cause rows (their signature says they can be a root), of one class if given. A launcher's
@@ -288,10 +293,15 @@ class Context:
         """rank -> exit code a launcher reported (negative = signal), for ranks that showed no
         symptom of their own (a timed-out rank's SIGABRT is the watchdog's teardown)."""
         out: dict[int, int] = {}
+        # the signals the launcher itself sent, by pid (closing_signal: its teardown, its SIGKILL of a worker
+        # that outlived the SIGTERM): an exit by one of them is the launcher's doing, not the worker's
+        sent = {(r["pid"], r["code"]) for r in self.rows("closing_signal") if r["pid"] is not None}
         for r in self.rows("child_failed", "worker_failed", "srun_task_exit", "launcher_exit"):
             # srun and mpirun name a signal in words (`task 9: Segmentation fault`): as Python reports it
             code = r["code"] if r["code"] is not None else (-extra(r)["signo"] if isinstance(
                 extra(r).get("signo"), int) else None)
+            if code is not None and code < 0 and (r["pid"], -code) in sent:
+                continue
             if r["rank"] is not None and code is not None and r["rank"] not in self.symptom_ranks:
                 out.setdefault(r["rank"], code)
         return out

@@ -18,6 +18,7 @@ _PROBLEM_KINDS = {
     "device": ("cuda_error", "cuda_error_hint", "wrong_device", "exception", "exception_line"),
     "main_guard": ("spawn_bootstrap", "exception"),
     "fork": ("exception", "exception_line"),
+    "refused_value": ("exception", "exception_line"),
     "env": ("env_unset",),
 }
 
@@ -37,11 +38,21 @@ def _forked_cuda(r: dict) -> bool:
     return _FORKED_CUDA in str(r.get("detail") or r.get("text") or "")
 
 
+# torch refusing a value the launch set (the launch_config meaning of python/exception*.toml names the same
+# texts): MASTER_PORT out of the TCP range (torch/distributed/rendezvous.py `_create_c10d_store`), an option of
+# PYTORCH_CUDA_ALLOC_CONF the caching allocator does not know (c10/cuda/CUDAAllocatorConfig.cpp)
+_REFUSED_VALUE = re.compile(r"port must have value from 0 to 65535 but was|Unrecognized CachingAllocator option")
+
+
+def _refused_value(r: dict) -> bool:
+    return _REFUSED_VALUE.search(str(r.get("detail") or r.get("text") or "")) is not None
+
+
 # which exception rows of the launch_config class belong to which problem: the bootstrapping check's
-# to the __main__ guard, CUDA in a forked worker to the start method, the others (torch's driver check:
-# the node's CUDA driver) to the device
-_EXCEPTION_OF = {"main_guard": _bootstrap_stack, "fork": _forked_cuda,
-                 "device": lambda r: not _bootstrap_stack(r) and not _forked_cuda(r)}
+# to the __main__ guard, CUDA in a forked worker to the start method, a refused value to the variable
+# that set it, the others (torch's driver check: the node's CUDA driver) to the device
+_EXCEPTION_OF = {"main_guard": _bootstrap_stack, "fork": _forked_cuda, "refused_value": _refused_value,
+                 "device": lambda r: not _bootstrap_stack(r) and not _forked_cuda(r) and not _refused_value(r)}
 
 
 @detector
@@ -55,6 +66,8 @@ def launch_misconfig(ctx: Context, problem: str = "duplicate_gpu") -> list[Hit]:
     rows.sort(key=lambda r: (-r["strength"], r["ts"] is None, r["ts"]))
     named = sorted({rk for r in rows for rk in culprits_named(r)})
     culprits = named or sorted({r["rank"] for r in rows if r["rank"] is not None})
+    if problem == "refused_value":
+        culprits = []  # the launch's value: every rank that read it fails alike, none more than another
     first = rows[0]
     errors = " ".join(str(extra(r).get("error") or "") for r in rows)
     mode = problem
