@@ -7,6 +7,7 @@ from the class those symptoms suggest and the shape of who waited (DESIGN.md §3
 
 from __future__ import annotations
 
+from ncclforensics.console import plural
 from ncclforensics.model import RootCause
 from ncclforensics.rules.context import Context, culprits_named
 from ncclforensics.rules.detectors.common import (
@@ -81,3 +82,22 @@ def symptom_shape(ctx: Context, cls: str) -> list[Hit]:
                 fields={**rank_fields(culprits), "n": len(rows), "aftermath": aftermath(ctx, culprits),
                         "what": (rows[0].get("detail") or rows[0]["text"] or "")[:240]},
                 params={"culprit_ranks": culprits})]
+
+
+@detector
+def whole_world_waited(ctx: Context) -> list[Hit]:
+    """Every rank of the world waited in one collective (the same PG, SeqNum and op) before any sign of
+    training, none was elsewhere, and no rank failed: each entered it, so none took another path; what they
+    sent each other did not arrive, where their start-up messages (rendezvous, NCCL's bootstrap) had."""
+    if ctx.causes() or ctx.training_started:
+        return []
+    ws, s = ctx.world_size, ctx.stuck
+    if not (ws and ctx.world_size_stated and 1 < ws <= 65_536) or s.seq is None or s.op is None:
+        return []
+    if s.source not in ("watchdog", "flight_recorder") or s.elsewhere or set(s.in_it) != set(range(ws)):
+        return []
+    rows = [r for r in ctx.rows("watchdog_timeout", "watchdog_status") if r["seq"] == s.seq]
+    hosts = sorted({h for h in ctx.rank_hosts.values() if h})
+    return [Hit(culprits=[], evidence=ctx.evidence_rows(rows), ts=earliest_ts(rows), collective=stuck_collective(ctx),
+                confidence=1.0, fields={"n": ws, "hosts": plural(len(hosts), "host") if hosts else "their hosts"},
+                params={"culprit_ranks": []})]
