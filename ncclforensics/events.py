@@ -59,10 +59,11 @@ def build_events(path: str | Path | Sequence[str | Path], *,
     of the files and of slices of big ones (ingest.shares); the shares' rows join in walk order, so
     the table is the one a single process makes.
 
-    `aside`: work that needs no event (a function of no argument; its value must pickle). In a
-    shared reading the last share's process does it once its books are sent (shares are rarely
-    equal: its core would idle while this one reads and makes the table); otherwise it is done here
-    when `result.aside.result()` asks for it.
+    `aside`: work that needs no event (a function of no argument; its value must pickle), whose value
+    `result.aside.result()` gives. In a shared reading the last share's process does it once its books
+    are sent (shares are rarely equal: its core would idle while this one reads and makes the table);
+    with `jobs` > 1 and a run too small to share, a process forked for it alone; else this one, when
+    asked.
     """
     roots = roots_of(path)
     run = ", ".join(STDIN_NAME if r.path is None else run_name(r.path) for r in roots)
@@ -94,8 +95,9 @@ _UNSET = object()
 
 class Aside:
     """Work done beside a run's reading (build_events' `aside`): in a share's process, which sends
-    its value after its books, or here at the first `result()`. A process that fails or sends no
-    value only costs the time it took: the work is then done here, so its errors are this process's."""
+    its value after its books, in a process of its own (start), or here at the first `result()`. A
+    process that fails or sends no value only costs the time it took: the work is then done here, so
+    its errors are this process's."""
 
     def __init__(self, task: Callable[[], object]) -> None:
         self.task = task
@@ -186,6 +188,7 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
         return None  # no fork on this platform
     if any(sh.largest >= NUMPY_MIN for sh in plan):
         numpy_module()  # imported now (it will be used), never by a thread while a child forks
+
     def task_of(share: shares.Share) -> Callable[[], object] | None:
         return beside.task if beside is not None and share is plan[-1] else None
 
