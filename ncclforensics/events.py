@@ -8,6 +8,7 @@ ingest.table makes the table of every file's rows.
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ class Aside:
     def start(self) -> None:
         """Do the work in a process forked now (before any reader thread runs), if one can be."""
         mp = _fork_context()
-        if mp is None:
+        if mp is None or not forked_may_use_polars():
             return
         recv, send = mp.Pipe(duplex=False)
         proc = mp.Process(target=_aside_worker, args=(self.task, send), daemon=True, name="ncclforensics-aside")
@@ -189,8 +190,11 @@ def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
     if any(sh.largest >= NUMPY_MIN for sh in plan):
         numpy_module()  # imported now (it will be used), never by a thread while a child forks
 
+    # the work beside goes to the last share's process only where a forked process may run it
+    aside_there = beside is not None and forked_may_use_polars()
+
     def task_of(share: shares.Share) -> Callable[[], object] | None:
-        return beside.task if beside is not None and share is plan[-1] else None
+        return beside.task if aside_there and share is plan[-1] else None
 
     workers = []
     for share in plan[1:]:
@@ -241,6 +245,28 @@ def _fork_context():
         return multiprocessing.get_context("fork")
     except ValueError:
         return None
+
+
+def forked_may_use_polars() -> bool:
+    """Whether a process forked now may run polars queries (the work beside a reading does: the
+    several-runs check). Not once polars' thread pool has started here: fork copies no thread, so
+    the child's first parallel query would wait for the pool's threads forever (a process that ran
+    a query before: a test runner's, a scan worker's, a program calling build_events twice). The
+    pool's threads are `polars-<n>`, its async runtime's `tokio-rt-worker` (Linux:
+    /proc/self/task/<tid>/comm); where the threads cannot be listed, never."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if (name.startswith("polars-") and name[7:].isdigit()) or name.startswith("tokio-rt"):
+            return False  # not polars-ooc-clea…, which `import polars` starts: the pool's threads are numbered
+    return True
 
 
 def _aside_worker(task: Callable[[], object], conn) -> None:

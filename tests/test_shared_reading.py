@@ -32,6 +32,13 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="shares are read
 
 
 @pytest.fixture
+def fork_allowed(monkeypatch):
+    """Work beside the reading goes to a forked process although this one has run polars (the tests' tasks
+    run no polars query: forked_may_use_polars guards the several-runs check's)."""
+    monkeypatch.setattr(events, "forked_may_use_polars", lambda: True)
+
+
+@pytest.fixture
 def share_everything(monkeypatch):
     """Shares of any size: the small runs of the tests are shared too. Counts the shares this process
     reads itself: one, unless a forked process failed (its share is then read here again)."""
@@ -172,7 +179,7 @@ def _pid_once(calls: list[int]):
 
 
 @pytest.mark.parametrize("jobs", [2, 3])
-def test_work_beside_the_reading_is_done_by_the_last_share(tmp_path, share_everything, jobs):
+def test_work_beside_the_reading_is_done_by_the_last_share(tmp_path, share_everything, fork_allowed, jobs):
     run = _mixed_folder(tmp_path)
     one = events.build_events(run, jobs=1)
     calls: list[int] = []
@@ -185,13 +192,47 @@ def test_work_beside_the_reading_is_done_by_the_last_share(tmp_path, share_every
     assert many.aside.result() == pid  # once
 
 
-def test_work_beside_a_run_too_small_to_share_has_a_process_of_its_own(tmp_path):
+def test_work_beside_a_run_too_small_to_share_has_a_process_of_its_own(tmp_path, fork_allowed):
     run = _mixed_folder(tmp_path)
     calls: list[int] = []
     res = events.build_events(run, jobs=2, aside=_pid_once(calls))  # too small to be shared
     pid = res.aside.result()
     assert pid != os.getpid() and not calls and res.aside.result() == pid
     assert events.build_events(run).aside is None
+
+
+_AFTER_POLARS = """
+import sys
+import polars as pl
+from ncclforensics import events
+from ncclforensics.events import forked_may_use_polars
+
+fresh = forked_may_use_polars()
+pl.DataFrame({"a": list(range(300_000, 0, -1))}).sort("a")  # the thread pool starts
+events.SHARE_MIN_BYTES = int(sys.argv[2])
+
+def check():  # polars work, as the several-runs check's
+    return pl.DataFrame({"a": list(range(300_000, 0, -1))}).sort("a").height
+
+res = events.build_events(sys.argv[1], jobs=2, aside=check)
+print(fresh, forked_may_use_polars(), res.aside.result(), res.events.height)
+"""
+
+
+@pytest.mark.parametrize("share_min", [1, 1 << 40], ids=["shared", "too-small-to-share"])
+def test_work_beside_the_reading_after_polars_ran_here_is_done_here(tmp_path, share_min):
+    # a process whose polars thread pool has started (a test runner's, a scan worker's) hands no polars
+    # work to a forked process: fork copies no thread, and the child's query would wait for the pool
+    # forever (both xdist workers hung there once). A fresh process may (the CLI's).
+    import subprocess
+
+    run = _mixed_folder(tmp_path)
+    out = subprocess.run([sys.executable, "-c", _AFTER_POLARS, str(run), str(share_min)], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fresh, after, value, height = out.stdout.split()
+    assert (fresh, after, value) == ("True", "False", "300000")
+    assert int(height) == events.build_events(run).events.height
 
 
 def test_work_beside_a_reading_in_one_process_is_done_when_asked(tmp_path):
@@ -202,7 +243,7 @@ def test_work_beside_a_reading_in_one_process_is_done_when_asked(tmp_path):
     assert res.aside.result() == os.getpid() and res.aside.result() == os.getpid() and len(calls) == 1
 
 
-def test_work_that_fails_beside_the_reading_is_done_here(tmp_path, share_everything):
+def test_work_that_fails_beside_the_reading_is_done_here(tmp_path, share_everything, fork_allowed):
     run = _mixed_folder(tmp_path)
     parent = os.getpid()
 
@@ -222,7 +263,8 @@ def test_work_that_fails_beside_the_reading_is_done_here(tmp_path, share_everyth
         res.aside.result()
 
 
-def test_work_beside_a_share_whose_process_dies_is_done_here(tmp_path, share_everything, monkeypatch):
+def test_work_beside_a_share_whose_process_dies_is_done_here(tmp_path, share_everything, fork_allowed,
+                                                              monkeypatch):
     run = _mixed_folder(tmp_path)
 
     def dies(*_args):
