@@ -73,8 +73,9 @@ def test_candidates_are_the_signatures_of_the_literals_a_body_holds() -> None:
             if not isinstance(body, str):
                 continue
             want = [s for s in sigset.signatures if any(lit in body for lit in s.prefilter)]
-            assert sigset.candidates(body) == want
-            assert sigset.candidates(body, weak_only=True) == [s for s in want if s.weak]
+            assert list(sigset.candidates(body)) == want
+            assert list(sigset.candidates(body, weak_only=True)) == [s for s in want if s.weak]
+            assert list(sigset.candidates(body)) == want  # again: remembered by the literals found
 
 
 def test_match_all_remembers_bodies_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -452,6 +452,25 @@ class LineScanner:
 
 # json.dumps(extra, default=str), without making an encoder per call (a row each: half its cost)
 _EXTRA_JSON = json.JSONEncoder(default=str).encode
+# ... and remembered for the few `extra` dicts of scalars that recur on every rank's rows ({"attempt": 0},
+# {"cuda_dev": 3, "attempt": 0}): keyed by names, types and values (True is 1 to a dict, not to JSON)
+_EXTRA_MEMO: dict[tuple, str] = {}
+_EXTRA_MEMO_MAX = 4096
+_MEMO_TYPES = (int, str, bool, float, type(None))
+
+
+def _extra_json(extra: dict) -> str:
+    values = tuple(extra.values())
+    types = tuple(map(type, values))
+    if not all(t in _MEMO_TYPES for t in types):
+        return _EXTRA_JSON(extra)  # lists (ranks), nested values: as they are
+    key = (tuple(extra), types, values)
+    out = _EXTRA_MEMO.get(key)
+    if out is None:
+        if len(_EXTRA_MEMO) >= _EXTRA_MEMO_MAX:
+            _EXTRA_MEMO.clear()
+        out = _EXTRA_MEMO[key] = _EXTRA_JSON(extra)
+    return out
 
 
 def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelope, line_no: int,
@@ -481,7 +500,7 @@ def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelo
     if ctx.attempt is not None:
         extra["attempt"] = ctx.attempt
     if extra:
-        row["extra"] = _EXTRA_JSON(extra)
+        row["extra"] = _extra_json(extra)
     row.setdefault("ts", env.ts)
     if row.get("rank") is None:
         row["rank"] = env.rank if env.rank is not None else (None if env.agent else ctx.rank)

@@ -182,21 +182,33 @@ class SignatureSet:
                            if any(s.weak for s in sigs)}
         self._finder = LiteralSet({"prefilter": list(self.by_literal)})
         self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
+        # candidates() by the literals found: few sets recur (one line's wording from every rank)
+        self._by_found: dict[tuple[frozenset[int], bool], tuple[Signature, ...]] = {}
 
-    def candidates(self, body: str, *, weak_only: bool = False) -> list[Signature]:
+    def candidates(self, body: str, *, weak_only: bool = False) -> Sequence[Signature]:
         """The signatures whose prefilter literals occur in `body`, in signature-file order."""
-        lits = self._finder.literals_in(body)
+        found = self._finder.literal_ids_in(body)
+        if not found:
+            return ()
+        key = (found, weak_only)
+        sigs = self._by_found.get(key)
+        if sigs is None:
+            if len(self._by_found) >= MATCH_CACHE_ENTRIES:
+                self._by_found.clear()
+            sigs = self._by_found[key] = self._candidates_of(found, weak_only)
+        return sigs
+
+    def _candidates_of(self, found: frozenset[int], weak_only: bool) -> tuple[Signature, ...]:
+        lits = {self._finder._texts[i] for i in found}
         if weak_only:
             lits = {lit for lit in lits if lit in self._weak_sigs}
-        if not lits:
-            return []
         table = self._weak_sigs if weak_only else self.by_literal
         seen: list[Signature] = []
         for lit in sorted(lits, key=self._order.__getitem__):
             for sig in table[lit]:
                 if sig not in seen:
                     seen.append(sig)
-        return seen
+        return tuple(seen)
 
     def match_all(self, body: str, *, weak_only: bool = False) -> Sequence[tuple[Signature, dict[str, object]]]:
         """The signatures matching `body` with their typed fields, in signature-file order.
