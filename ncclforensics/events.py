@@ -1,8 +1,8 @@
 """Sources -> the one event table of a run (DESIGN.md §2): the stages of ingestion, tied together.
 
-build_events ties the stages together: the reader thread (ingest.reader) reads and prefilters the
-sources, this thread scans their lines (parse.lines.LineScanner) and books each file (_Books), and
-ingest.table makes the table of every file's rows.
+build_events ties the stages together: the reader (ingest.reader) reads and prefilters the sources,
+the scanner scans their lines (parse.lines.LineScanner) as each piece is ready, _Books books each
+file, and ingest.table makes the table of every file's rows.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def build_events(path: str | Path | Sequence[str | Path], *,
     "-" is standard input) into the event table. Raises NoInputError for a missing path.
     `progress(file, nbytes)` is called as each piece of a file reaches the scanner.
 
-    A reader thread walks the sources, reads and decompresses them and runs the block prefilter
-    (Hyperscan, which releases the GIL) one chunk or file ahead; this thread does the tail check
-    and the line-level Python work on the hits, in file order. Memory stays flat: at most
-    READ_AHEAD_BYTES of prepared chunks and BATCH_BYTES of small files (ingest.reader) wait.
+    The reader walks the sources, reads and decompresses them and runs the block prefilter
+    (Hyperscan); the scanner does the tail check and the line-level Python work on the hits, a
+    piece at a time, in file order, in this thread. Memory stays flat: one chunk (16 MiB) and at
+    most BATCH_BYTES of small files (ingest.reader) are held at a time.
 
     `jobs` > 1: a run large enough is read by up to that many processes, each reading its share
     of the files and of slices of big ones (ingest.shares); the shares' rows join in walk order, so
@@ -107,7 +107,7 @@ class Aside:
         self._conn = None
 
     def start(self) -> None:
-        """Do the work in a process forked now (before any reader thread runs), if one can be."""
+        """Do the work in a process forked now (before the reading), if one can be."""
         mp = _fork_context()
         if mp is None or not forked_may_use_polars():
             return
@@ -159,19 +159,21 @@ def _read(roots: list[Root], run: str, progress: Callable[[str, int], None] | No
     """The sources of `roots` (those of `share`, ingest.reader.Reader) read and booked."""
     books = _Books(IngestResult(run=run, events=pl.DataFrame(schema=EVENT_SCHEMA)))
     scanner = LineScanner(load_signatures())
-    with Reader(roots, scanner, share) as reader:
-        for item in reader:
-            match item:
-                case ChunkRead(ctx=ctx, prep=prep, first_line=first_line):
-                    scanner.add_chunk(prep, first_line, ctx)
-                    if progress is not None:
-                        progress(ctx.name, len(prep.data))
-                case TailRead(ctx=ctx, data=data, first_line=first_line, last=last):
-                    scanner.add_tail(data, first_line, ctx, last)
-                case Skip() | Note() | SourceEnd() | RootStart():
-                    # booked after the lines queued before it are scanned (a file's rows are complete)
-                    scanner.add_call(functools.partial(books.book, item))
-        scanner.flush()
+
+    def take(item) -> None:
+        match item:
+            case ChunkRead(ctx=ctx, prep=prep, first_line=first_line):
+                scanner.add_chunk(prep, first_line, ctx)
+                if progress is not None:
+                    progress(ctx.name, len(prep.data))
+            case TailRead(ctx=ctx, data=data, first_line=first_line, last=last):
+                scanner.add_tail(data, first_line, ctx, last)
+            case Skip() | Note() | SourceEnd() | RootStart():
+                # booked after the lines queued before it are scanned (a file's rows are complete)
+                scanner.add_call(functools.partial(books.book, item))
+
+    Reader(roots, scanner, share).run_into(take)
+    scanner.flush()
     return books
 
 

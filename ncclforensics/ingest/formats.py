@@ -1,6 +1,6 @@
 """Read one source by its format: text becomes prefiltered chunks for the scanner, a document becomes rows.
 
-Runs in the reader thread (ncclforensics.ingest.reader). Text (UTF-8, UTF-16, CR-only, gzip'd) goes
+Run by the reader (ncclforensics.ingest.reader). Text (UTF-8, UTF-16, CR-only, gzip'd) goes
 to the scanner as prefiltered chunks and a tail; a Flight Recorder dump (pickle or JSON) and a
 torchrun error.json become rows here; another JSON document is not a log.
 """

@@ -1,4 +1,4 @@
-"""The messages the reader thread hands the scanner thread, one per event of the walk, in file order."""
+"""The messages the reader hands the scanner, one per event of the walk, in file order."""
 
 from __future__ import annotations
 
@@ -68,11 +68,4 @@ class SourceEnd:
     part: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Fatal:
-    """An error outside any one file: it ends the walk and is raised again in the scanner thread."""
-
-    error: BaseException
-
-
-Item = Skip | RootStart | Note | ChunkRead | TailRead | SourceEnd | Fatal
+Item = Skip | RootStart | Note | ChunkRead | TailRead | SourceEnd

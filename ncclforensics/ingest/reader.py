@@ -1,48 +1,40 @@
-"""The reader thread: a run's sources -> items (ingest.items) for the scanner thread, in file order.
+"""The reader: a run's sources -> items (ingest.items) for the scanner, in file order.
 
-It reads and decompresses the sources and runs the block prefilter (polars, which releases the GIL)
-one chunk or file ahead of the scanner thread (events.build_events). It owns the source streams (a
-tar member's stream is valid only until the next member) and touches a FileContext only before
-handing it over (Flight Recorder dumps, error.json): the scanner thread writes the rest.
+It reads and decompresses the sources and runs the block prefilter (Hyperscan) on each chunk, and
+hands each item to the scanner as soon as it is ready (events._read), in the same thread. It owns the
+source streams (a tar member's stream is valid only until the next member) and touches a FileContext
+only before handing it over (Flight Recorder dumps, error.json): the scanner writes the rest.
+
+It once ran in a thread of its own, one chunk or file ahead of the scanner. On two cores that thread
+only contended for the GIL: every short native call that releases it (a Hyperscan scan, a newline
+count) waited to take it back from the scanner's Python, and the scanner waited for the reader's
+Python; reading in the scanner's thread is faster and holds less (bench/README.md, "Issue 14, seventh
+round"). Several processes (ingest.shares) keep several cores busy; a compressed archive is still
+decompressed ahead by a thread of its own (ingest.archive), which releases the GIL for long stretches.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from ncclforensics.bounded import BytesQueue
 from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.attribution import path_hints
 from ncclforensics.ingest.discover import Root, Source, iter_sources
 from ncclforensics.ingest.filekinds import DOC_SUFFIXES, NOT_A_LOG, NOT_LOG_SUFFIXES
 from ncclforensics.ingest.formats import read_slice, read_source
-from ncclforensics.ingest.items import ChunkRead, Fatal, Item, Note, RootStart, Skip, SourceEnd, TailRead
+from ncclforensics.ingest.items import ChunkRead, Item, Note, RootStart, Skip, SourceEnd, TailRead
 from ncclforensics.ingest.shares import Share, Slice
 from ncclforensics.parse.lines import FileContext, LineScanner
 
-# Prepared chunk bytes the reader thread may hold ahead of the scanner (a chunk counts twice: its bytes
-# and its polars column). Always at least one chunk; many small files' chunks fit, which smooths the
-# scanner's bursts (it works in batches, LineScanner.flush).
-READ_AHEAD_BYTES = 32 << 20
 # Small files read whole share one prefilter query (a query has a fixed cost: bench/README.md) up to
 # this many bytes.
 BATCH_BYTES = 8 << 20
 
 
-class _Stopped(Exception):
-    """The scanner thread stopped listening."""
-
-
-class _Done:
-    """The end of the walk."""
-
-
 class Reader:
-    """Iterate over it in the scanner thread (inside `with`): the items of every source under `roots`.
-    An exception outside any one file ends the walk and is raised again in the scanner thread."""
+    """`run_into(sink)`: the items of every source under `roots`, each handed to `sink` in walk order."""
 
     def __init__(self, roots: list[Root], scanner: LineScanner, share: Share | None = None) -> None:
         """`share`: what this reader reads when several processes share a run (ingest.shares,
@@ -52,33 +44,26 @@ class Reader:
         self.scanner = scanner
         self.share = share
         self.root_index = 0
-        self.queue = BytesQueue(READ_AHEAD_BYTES)  # sized by the prepared chunks' bytes
         self.pending: list[SourceEnd] = []  # small files read whole, waiting for one shared prefilter query
         self.pending_data: list[bytes] = []
         self.pending_bytes = 0
-        self.thread = threading.Thread(target=self._run, name="ncclforensics-reader", daemon=True)
+        self._sink: Callable[[Item], None] = lambda _item: None
 
-    def __enter__(self) -> Reader:
-        self.thread.start()
-        return self
+    def run_into(self, sink: Callable[[Item], None]) -> None:
+        """Read everything, handing each item to `sink` in order; an exception (the walk's or the
+        sink's) is raised here."""
+        self._sink = sink
+        for i, root in enumerate(self.roots):
+            self.root_index = i
+            self._put(RootStart(i))
+            self._walk(root, None if self.share is None else functools.partial(self.share.owns, i))
+        if self.pending:
+            self._prepare_pending()
 
-    def __exit__(self, *exc: object) -> None:
-        self.queue.stop.set()  # the scanner is done (or failed): let the reader leave a blocked put()
-        self.thread.join()
-
-    def __iter__(self) -> Iterator[Item]:
-        while True:
-            item = self.queue.get()
-            if isinstance(item, _Done):
-                return
-            if isinstance(item, Fatal):
-                raise item.error
-            yield item
-
-    def _put(self, item: Item | _Done) -> None:
+    def _put(self, item: Item) -> None:
         if self.pending:
             self._prepare_pending()  # the small files read before this item come first
-        self._put_now(item)
+        self._sink(item)
 
     def _defer(self, src: Source, ctx: FileContext, data: bytes, exc: BaseException | None) -> None:
         self.pending.append(SourceEnd(src, ctx, len(data), exc))
@@ -94,28 +79,9 @@ class Reader:
         preps = self.scanner.prepare_chunks(datas)
         for end, data, prep in zip(pending, datas, preps, strict=True):
             end.ctx.lines = prep.newlines + (1 if data and not data.endswith(b"\n") else 0)
-            self._put_now(ChunkRead(end.ctx, prep, 1))
-            self._put_now(TailRead(end.ctx, data, 1, prep))
-            self._put_now(end)
-
-    def _put_now(self, item: Item | _Done) -> None:
-        if not self.queue.put(item, item.held_bytes if isinstance(item, ChunkRead) else 0):
-            raise _Stopped
-
-    def _run(self) -> None:
-        try:
-            for i, root in enumerate(self.roots):
-                self.root_index = i
-                self._put(RootStart(i))
-                self._walk(root, None if self.share is None else functools.partial(self.share.owns, i))
-            self._put(_Done())
-        except _Stopped:
-            return
-        except BaseException as err:  # re-raised in the scanner thread, which reports it
-            try:
-                self._put_now(Fatal(err))  # not _put: the pending files' query may be what failed
-            except _Stopped:
-                return
+            self._sink(ChunkRead(end.ctx, prep, 1))
+            self._sink(TailRead(end.ctx, data, 1, prep))
+            self._sink(end)
 
     def _walk(self, root: Root, owned: Callable[[int], bool] | None) -> None:
         path = root.path

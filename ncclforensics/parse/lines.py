@@ -125,9 +125,8 @@ class LineScanner:
         self.progress_set = LiteralSet({"progress": progress})
         self.weak_set = LiteralSet({"weak": self.weak_literals})
 
-    # Each scan has two steps: prepare_chunk (bytes and the block prefilter, no FileContext: any
-    # thread may run it; events.build_events runs it in its reader thread, ahead of the scanner)
-    # and add_* (the line-level Python work on the FileContext, in the scanner's thread).
+    # Each scan has two steps: prepare_chunk (bytes and the block prefilter, no FileContext: the
+    # reader runs it, ingest.reader) and add_* (the line-level Python work on the FileContext).
 
     def scan_chunk(self, data: bytes, first_line: int, ctx: FileContext) -> int:
         """Scan one byte chunk now; returns the number of newlines in it."""

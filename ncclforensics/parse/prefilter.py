@@ -26,10 +26,9 @@ except ImportError:  # pragma: no cover
 HYPERSCAN = _hs is not None
 
 # Newline counts (line numbers of hits, a file's lines): NumPy's vectorised compare-and-count is ~4×
-# as fast as bytes.count on large ranges and runs without the GIL, beside the scanner thread's
-# Python (bench/README.md, "Issue 14, fourth round"). Below NUMPY_MIN bytes the gain is small (~2× at
-# 256 KB), and a run of small files never imports NumPy (~75 ms, ~15 MB of memory a process). Counted
-# NUMPY_STEP bytes at a time: the comparison's temporary array stays in the CPU cache.
+# as fast as bytes.count on large ranges (bench/README.md, "Issue 14, fourth round"). Below NUMPY_MIN
+# bytes the gain is small (~2× at 256 KB), and a run of small files never imports NumPy (~75 ms, ~15 MB
+# of memory a process). Counted NUMPY_STEP bytes at a time: the comparison's temporary array stays in the CPU cache.
 NUMPY_MIN = 1 << 20
 # lines_backward's windows double up to this: a walk over a whole tail (lines._walk_tail) that stops
 # early in a dense stretch never searches, and calls back for, more than one such window past its stop
