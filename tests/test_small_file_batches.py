@@ -61,3 +61,23 @@ def test_batched_small_files_read_as_one_by_one(tmp_path, monkeypatch, source):
         assert any("read only in part" in n for n in many.notes)  # the truncated .gz
         seen = set(many.events.filter(many.events["kind"] == "watchdog_timeout")["rank"].to_list())
         assert {1, 2, 4, 5, 7, 8, 10, 11, 12, 13, 14} <= seen
+
+
+def test_a_folder_is_read_without_a_thread_of_its_own(tmp_path, monkeypatch):
+    # the reader hands each item to the scanner in the scanning thread: a thread beside it only contended
+    # for the GIL (ingest.reader; bench/README.md, issue 14's seventh round). Only a compressed archive's
+    # read-ahead (ingest.archive) may start one.
+    import threading
+
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self):
+        started.append(self.name)
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    run = _folder(tmp_path)
+    res = events.build_events(run)
+    assert res.events.height and res.files >= 12
+    assert started == []
