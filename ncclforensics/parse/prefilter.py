@@ -28,7 +28,8 @@ HYPERSCAN = _hs is not None
 # Newline counts (line numbers of hits, a file's lines): NumPy's vectorised compare-and-count is ~4×
 # as fast as bytes.count on large ranges (bench/README.md, "Issue 14, fourth round"). Below NUMPY_MIN
 # bytes the gain is small (~2× at 256 KB), and a run of small files never imports NumPy (~75 ms, ~15 MB
-# of memory a process). Counted NUMPY_STEP bytes at a time: the comparison's temporary array stays in the CPU cache.
+# of memory a process). Counted NUMPY_STEP bytes at a time: the comparison's temporary array stays in
+# the CPU cache.
 NUMPY_MIN = 1 << 20
 # lines_backward's windows double up to this: a walk over a whole tail (lines._walk_tail) that stops
 # early in a dense stretch never searches, and calls back for, more than one such window past its stop
@@ -118,6 +119,11 @@ class LiteralSet:
                               if gi in ids else None for gi in range(len(self.names))]
 
     @property
+    def texts(self) -> list[str]:
+        """The literals, in the order of the groups given (duplicates once): literal_ids_in's indices."""
+        return self._texts
+
+    @property
     def engine(self) -> str:
         return "hyperscan" if (self._db or self._rx_db) is not None else "re"
 
@@ -182,7 +188,7 @@ class LiteralSet:
         return {texts[i] for i in self.literal_ids_in(text)}
 
     def literal_ids_in(self, text: str) -> frozenset[int]:
-        """literals_in as the literals' indices (their order in the groups given)."""
+        """literals_in as the literals' indices into `texts`."""
         if self._db is None:
             return frozenset(i for i, lit in enumerate(self._texts) if lit in text)
         ids: set[int] = set()

@@ -199,7 +199,8 @@ class SignatureSet:
         return sigs
 
     def _candidates_of(self, found: frozenset[int], weak_only: bool) -> tuple[Signature, ...]:
-        lits = {self._finder._texts[i] for i in found}
+        texts = self._finder.texts
+        lits = {texts[i] for i in found}
         if weak_only:
             lits = {lit for lit in lits if lit in self._weak_sigs}
         table = self._weak_sigs if weak_only else self.by_literal
