@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from ncclforensics.model import json_object
+from ncclforensics.model import extra_field, json_object
 
 # Kinds whose rows say where a rank stood in a process group.
 TIMEOUT_KINDS = ("watchdog_timeout",)
@@ -45,7 +45,7 @@ def frontier(events: pl.DataFrame) -> pl.DataFrame:
     collective is the one aligned (FORMATS.md §2.2: keep the first attempt's failure)."""
     # a fingerprint names its reporter in its text (`Rank A is running …`, §7.1): it needs no rank prefix
     ev = events.filter(pl.col("rank").is_not_null() | (pl.col("kind").cast(pl.Utf8) == "fingerprint_mismatch"))
-    attempt = pl.col("extra").str.json_path_match("$.attempt").cast(pl.Int64, strict=False)
+    attempt = extra_field("attempt").cast(pl.Int64, strict=False)
     placed = ev.filter(pl.col("kind").cast(pl.Utf8).is_in([*STATUS_KINDS, *TIMEOUT_KINDS, "fr_entry"]))
     attempts = placed.select(attempt.drop_nulls().unique())
     if attempts.height > 1:

@@ -167,6 +167,14 @@ def json_object(s: str | None) -> dict:
     return v if isinstance(v, dict) else {}
 
 
+def extra_field(key: str) -> pl.Expr:
+    """The `extra` column's top-level `key` as text (null where absent), an expression over the event
+    table. Only the rows whose JSON holds `"key"` are parsed: most rows carry an `extra` of other
+    names ({"attempt": 0} on every row of a --log-dir tree), and a parse a row is the cost."""
+    x = pl.col("extra")
+    return pl.when(x.str.contains(f'"{key}"', literal=True)).then(x).str.json_path_match(f"$.{key}")
+
+
 def op_from_profiling_name(name: str | None) -> str | None:
     """`nccl:all_reduce`, `gloo:barrier`, `nccl:send 0->1` -> OpType, or None."""
     if not name:

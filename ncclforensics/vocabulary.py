@@ -32,7 +32,7 @@ import polars as pl
 import regex
 
 from ncclforensics.errors import PatternError
-from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, json_object
+from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, RootCause, extra_field, json_object
 from ncclforensics.parse.signatures import SIGNATURES_DIR
 from ncclforensics.patternfile import check_keys, load_toml
 
@@ -241,29 +241,46 @@ class Vocabulary:
                .join(table, on="_k", how="left", maintain_order="left"))
         cond_specs = [self.specs[k] for k in kinds if k in self.specs and len(self.specs[k].meanings) > 1]
         if cond_specs:
-            # conditions read `extra` as JSON: evaluate them on the rows of those kinds only
-            out = out.with_row_index("_i")
-            of_cond = pl.col("_k").is_in([s.kind for s in cond_specs])
-            rest, out = out.filter(~of_cond), out.filter(of_cond)
-            types = {**_MEANING_TYPES, "_default": pl.Boolean}
-            exprs: dict[str, pl.Expr | None] = dict.fromkeys(types)
-            for s in cond_specs:
-                for m in s.meanings:
-                    cond = pl.col("_k") == s.kind
-                    for key, want in m.when:
-                        cond = cond & _condition(key, want)
-                    values = {"class": m.cls.value if m.cls else None, "role": m.role.value,
-                              "strength": int(m.strength) if m.strength else None, "phase": m.phase,
-                              "_default": not m.when}
-                    for c, v in values.items():
-                        lit = pl.lit(v, dtype=types[c])
-                        exprs[c] = pl.when(cond).then(lit) if exprs[c] is None else exprs[c].when(cond).then(lit)
-            out = out.with_columns(**{c: e.otherwise(pl.col(c)) for c, e in exprs.items()})
-            out = pl.concat([rest, out], how="vertical_relaxed").sort("_i").drop("_i")
+            out = self._conditional_meanings(out, cond_specs)
         undeclared = out.filter(pl.col("role").is_null())["_k"].unique().to_list()
         if undeclared:
             raise VocabularyError(f"event kind(s) {sorted(undeclared)} declared by no signature file")
         return self._teardown_yields(self._carriers_yield(out)).drop("_k", "_default")
+
+    @staticmethod
+    def _conditional_meanings(out: pl.DataFrame, specs: list[KindSpec]) -> pl.DataFrame:
+        """The meanings of the rows whose kind has several (each under its `when`: the first that holds).
+        Each kind's conditions are evaluated on its own rows only (they read `extra` as JSON, a parse a
+        row), once: the number of the meaning that holds, then its values from a table of meanings."""
+        out = out.with_row_index("_i")
+        of_cond = pl.col("_k").is_in([s.kind for s in specs])
+        rest, cond_rows = out.filter(~of_cond), out.filter(of_cond)
+        by_kind = cond_rows.partition_by("_k", as_dict=True, maintain_order=True)
+        values: list[Meaning] = []
+        parts = []
+        for s in specs:
+            part = by_kind.get((s.kind,))
+            if part is None:
+                continue
+            first = len(values)
+            values += s.meanings
+            expr: pl.Expr | None = None
+            for n, m in enumerate(s.meanings[:-1]):  # the last has no `when`: the default
+                cond = pl.all_horizontal(_condition(key, want) for key, want in m.when) if m.when else pl.lit(True)
+                expr = (pl.when(cond) if expr is None else expr.when(cond)).then(pl.lit(first + n, dtype=pl.UInt32))
+            last = pl.lit(first + len(s.meanings) - 1, dtype=pl.UInt32)
+            parts.append(part.with_columns((last if expr is None else expr.otherwise(last)).alias("_m")))
+        table = pl.DataFrame(
+            {"_m": list(range(len(values))),
+             "class": [m.cls.value if m.cls else None for m in values],
+             "role": [m.role.value for m in values],
+             "strength": [int(m.strength) if m.strength else None for m in values],
+             "phase": [m.phase for m in values],
+             "_default": [not m.when for m in values]},
+            schema={"_m": pl.UInt32, **_MEANING_TYPES, "_default": pl.Boolean})
+        meant = (pl.concat(parts).drop(*table.columns[1:])
+                 .join(table, on="_m", how="left").drop("_m").select(out.columns))
+        return pl.concat([rest, meant], how="vertical_relaxed").sort("_i").drop("_i")
 
     @staticmethod
     def _teardown_yields(out: pl.DataFrame) -> pl.DataFrame:
@@ -318,7 +335,7 @@ def _condition(key: str, want: object) -> pl.Expr:
     if key in _COLUMN_KEYS:
         col = pl.col(key)
     else:
-        col = pl.col("extra").str.json_path_match(f"$.{key}")
+        col = extra_field(key)
     if isinstance(want, str):
         return col.cast(pl.Utf8).str.contains(want).fill_null(False)
     if key in _COLUMN_KEYS and key not in ("detail", "text", "op", "source", "pg"):

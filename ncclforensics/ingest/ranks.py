@@ -6,6 +6,7 @@ import re
 
 import polars as pl
 
+from ncclforensics.model import extra_field
 from ncclforensics.vocabulary import vocabulary
 
 # A path naming one process (Slurm `-o %t` task files, `rank3.log`, `worker-3.err`: FORMATS.md §2.2)
@@ -67,8 +68,8 @@ def _srun_ranks(df: pl.DataFrame) -> pl.DataFrame:
     task id is the node index and this does nothing.
     """
     task = pl.coalesce(
-        pl.col("extra").str.json_path_match("$.srun_task"),
-        pl.when(pl.col("kind") == "srun_task_exit").then(pl.col("extra").str.json_path_match("$.task")),
+        extra_field("srun_task"),
+        pl.when(pl.col("kind") == "srun_task_exit").then(extra_field("task")),
     ).cast(pl.Int64, strict=False)
     launched = df.filter((pl.col("source") == "torchrun") | pl.col("local_rank").is_not_null()).height
     # with no torchrun line at all, srun started the workers themselves: the label is the rank even
@@ -83,12 +84,12 @@ def _nccl_world_ranks(df: pl.DataFrame) -> pl.DataFrame:
     every such line that also states its global rank (a `[rank<n>]` prefix, a pid mapped to a rank)
     agrees, and when it is at least as large as the ranks seen.
     """
-    nranks = pl.col("extra").str.json_path_match("$.nranks").cast(pl.Int64, strict=False)
+    nranks = extra_field("nranks").cast(pl.Int64, strict=False)
     is_init = pl.col("kind") == "nccl_init"
     world = df.filter(is_init).select(nranks.max()).item() if df.height else None
     if world is None:
         return df
-    nccl_rank = pl.col("extra").str.json_path_match("$.nccl_rank").cast(pl.Int64, strict=False)
+    nccl_rank = extra_field("nccl_rank").cast(pl.Int64, strict=False)
     cand = pl.when(is_init & (nranks == world)).then(nccl_rank)
     # With no line to check them against (per-process NCCL_DEBUG_FILEs, no rank prefixes), they are
     # still trusted when each process has one world-sized communicator rank and no two processes
@@ -190,7 +191,7 @@ def fill_ranks(df: pl.DataFrame) -> pl.DataFrame:
                  .filter(pl.col("_nh") == 1).select("file", "_fh"))
     # An `srun --label` task id with torchrun inside is the node index (FORMATS.md §1.7): it names the
     # place of every line of that node's agent and workers, also those without a host.
-    task = pl.col("extra").str.json_path_match("$.srun_task")
+    task = extra_field("srun_task")
     df = df.join(file_host, on="file", how="left").with_columns(
         pl.when(task.is_not_null()).then(pl.concat_str([pl.col("file"), pl.lit("@task"), task]))
         .when(pl.col("node") != "").then(pl.col("node"))
