@@ -272,7 +272,7 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
     several = None
     docs: dict[DocFormat, str] = {}
     try:
-        # the several-runs check is done beside the reading (in a share's process when it has one)
+        # the several-runs check is done beside the reading (in a reading process when there are several)
         res = _read_run(paths, progress, _jobs(jobs), several_runs_check(paths[0] if len(paths) == 1 else paths))
         progress.phase(f"diagnosing {plural(res.events.height, 'event')}")
         analysis = analyze_events(res)

@@ -19,7 +19,7 @@ import polars as pl
 from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import decode, shares
 from ncclforensics.ingest.discover import STDIN_NAME, Root, roots_of, run_name
-from ncclforensics.ingest.items import ChunkRead, Note, RootStart, Skip, SourceEnd, TailRead
+from ncclforensics.ingest.items import ChunkRead, Note, RootStart, Skip, SourceEnd, TailRead, UnitStart
 from ncclforensics.ingest.reader import Reader
 from ncclforensics.ingest.table import event_table
 from ncclforensics.model import EVENT_SCHEMA, Skipped
@@ -56,19 +56,18 @@ def build_events(path: str | Path | Sequence[str | Path], *,
     piece at a time, in file order, in this thread. Memory stays flat: one chunk (16 MiB) and at
     most BATCH_BYTES of small files (ingest.reader) are held at a time.
 
-    `jobs` > 1: a run large enough is read by up to that many processes, each reading its share
-    of the files and of slices of big ones (ingest.shares); the shares' rows join in walk order, so
-    the table is the one a single process makes.
+    `jobs` > 1: a run large enough is read by up to that many processes, each reading the units
+    of files and slices of big ones that it claims as its walk reaches them (ingest.shares); the
+    units' rows join in walk order, so the table is the one a single process makes.
 
     `aside`: work that needs no event (a function of no argument; its value must pickle), whose value
-    `result.aside.result()` gives. In a shared reading the last share's process does it once its books
-    are sent (shares are rarely equal: its core would idle while this one reads and makes the table);
-    with `jobs` > 1 and a run too small to share, a process forked for it alone; else this one, when
-    asked.
+    `result.aside.result()` gives. In a shared reading the last forked process does it once its books
+    are sent (its core would idle while this one makes the table); with `jobs` > 1 and a run too small
+    to share, a process forked for it alone; else this one, when asked.
     """
     roots = roots_of(path)
     run = ", ".join(STDIN_NAME if r.path is None else run_name(r.path) for r in roots)
-    plan = shares.plan(roots, jobs, SHARE_MIN_BYTES) if jobs > 1 else None
+    plan = shares.plan(roots, jobs, SHARE_MIN_BYTES, shares.UNITS_PER_PROCESS) if jobs > 1 else None
     beside = Aside(aside) if aside is not None else None
     if plan is not None:
         try:
@@ -95,7 +94,7 @@ _UNSET = object()
 
 
 class Aside:
-    """Work done beside a run's reading (build_events' `aside`): in a share's process, which sends
+    """Work done beside a run's reading (build_events' `aside`): in a reading process, which sends
     its value after its books, in a process of its own (start), or here at the first `result()`. A
     process that fails or sends no value only costs the time it took: the work is then done here, so
     its errors are this process's."""
@@ -123,14 +122,14 @@ class Aside:
         self.give(proc, recv)
 
     def give(self, proc, conn) -> None:
-        """The share's process doing the work, and the pipe its value comes by."""
+        """The reading process doing the work, and the pipe its value comes by."""
         self._proc, self._conn = proc, conn
 
     def owns(self, proc) -> bool:
         return proc is self._proc
 
     def result(self) -> object:
-        """The work's value: the share's process's, else done here (once)."""
+        """The work's value: the reading process's, else done here (once)."""
         if self._value is _UNSET and self._conn is not None:
             try:
                 sent = self._conn.recv()
@@ -144,7 +143,7 @@ class Aside:
         return self._value
 
     def close(self) -> None:
-        """Stop waiting for the share's process (ended, or killed when it still works)."""
+        """Stop waiting for the reading process (ended, or killed when it still works)."""
         conn, proc, self._conn, self._proc = self._conn, self._proc, None, None
         if conn is not None:
             conn.close()
@@ -157,8 +156,44 @@ class Aside:
 def _read(roots: list[Root], run: str, progress: Callable[[str, int], None] | None,
           share: shares.Share | None = None) -> _Books:
     """The sources of `roots` (those of `share`, ingest.reader.Reader) read and booked."""
-    books = _Books(IngestResult(run=run, events=pl.DataFrame(schema=EVENT_SCHEMA)))
+    books = _new_books(run)
     scanner = LineScanner(load_signatures())
+    Reader(roots, scanner, share).run_into(_taker(scanner, lambda: books, progress))
+    scanner.flush()
+    return books
+
+
+def _read_claimed(roots: list[Root], run: str, progress: Callable[[str, int], None] | None,
+                  claims: shares.Claims) -> dict[int, _Books]:
+    """The units this process claims as its walk reaches them (ingest.shares.Claims), read and
+    booked: unit -> its books."""
+    units: dict[int, _Books] = {}
+    scanner = LineScanner(load_signatures())
+    current: list[_Books | None] = [None]
+    take = _taker(scanner, lambda: current[0], progress)
+
+    def route(item) -> None:
+        if isinstance(item, UnitStart):
+            books = units.get(item.index)
+            if books is None:
+                books = units[item.index] = _new_books(run)
+                books.root = item.root
+            current[0] = books
+        elif not isinstance(item, RootStart):  # each unit's books know their path (UnitStart)
+            take(item)
+
+    Reader(roots, scanner, claims).run_into(route)
+    scanner.flush()
+    return units
+
+
+def _new_books(run: str) -> _Books:
+    return _Books(IngestResult(run=run, events=pl.DataFrame(schema=EVENT_SCHEMA)))
+
+
+def _taker(scanner: LineScanner, books: Callable[[], _Books | None], progress: Callable[[str, int], None] | None):
+    """The reader's sink: chunks and tails to the scanner, the rest booked (in `books()`) once the
+    lines before it are scanned."""
 
     def take(item) -> None:
         match item:
@@ -170,70 +205,71 @@ def _read(roots: list[Root], run: str, progress: Callable[[str, int], None] | No
                 scanner.add_tail(data, first_line, ctx, last)
             case Skip() | Note() | SourceEnd() | RootStart():
                 # booked after the lines queued before it are scanned (a file's rows are complete)
-                scanner.add_call(functools.partial(books.book, item))
+                scanner.add_call(functools.partial(books().book, item))
 
-    Reader(roots, scanner, share).run_into(take)
-    scanner.flush()
-    return books
+    return take
 
 
 SHARE_MIN_BYTES = shares.SHARE_MIN_BYTES  # tests lower it
 
 
-def _read_shared(roots: list[Root], run: str, plan: list[shares.Share],
+def _read_shared(roots: list[Root], run: str, plan: shares.Plan,
                  progress: Callable[[str, int], None] | None, beside: Aside | None = None) -> _Books | None:
-    """Read the run in len(plan) processes: this one reads the first share, forked ones the others
-    and send their books back (the last one then does `beside`'s work). A share whose process fails
-    is read here. None when the shares read no file (the run may be documents only: one reader
-    decides how to read those)."""
+    """Read the run's units in plan.procs processes: this one and forked ones each read the units
+    they claim (ingest.shares.Claims), the forked ones send their books back (the last one then does
+    `beside`'s work). A unit whose process failed is read here. None when the units read no file
+    (the run may be documents only: one reader decides how to read those)."""
     mp = _fork_context()
     if mp is None:
         return None  # no fork on this platform
     if any(sh.largest >= NUMPY_MIN for sh in plan):
         numpy_module()  # imported now (it will be used), never by a thread while a child forks
 
-    # the work beside goes to the last share's process only where a forked process may run it
+    # the work beside goes to the last process only where a forked process may run it
     aside_there = beside is not None and forked_may_use_polars()
-
-    def task_of(share: shares.Share) -> Callable[[], object] | None:
-        return beside.task if aside_there and share is plan[-1] else None
+    table = mp.Array("i", [-1] * len(plan))  # unit -> the process that claimed it
+    units = list(plan)
 
     workers = []
-    for share in plan[1:]:
+    for me in range(1, plan.procs):
+        task = beside.task if aside_there and me == plan.procs - 1 else None  # type: ignore[union-attr]
         recv, send = mp.Pipe(duplex=False)
-        proc = mp.Process(target=_share_worker, args=(roots, run, share, send, task_of(share)), daemon=True,
-                          name=f"ncclforensics-share-{share.index}")
+        proc = mp.Process(target=_share_worker, args=(roots, run, units, table, me, send, task), daemon=True,
+                          name=f"ncclforensics-share-{me}")
         try:
             proc.start()
         except (OSError, AssertionError):  # no process left, or this one is a daemon (a pool's worker)
             recv.close()
             send.close()
-            workers.append((share, None, None))
             continue
         send.close()
-        workers.append((share, proc, recv))
+        workers.append((proc, recv, task))
     try:
-        books = _read(roots, run, progress, plan[0])
-        for share, proc, recv in workers:
-            part = None
-            if proc is not None:
-                try:
-                    part = recv.recv()
-                except (EOFError, OSError, pickle.UnpicklingError):
-                    part = None
-                if beside is not None and task_of(share) is not None and isinstance(part, _Books):
-                    beside.give(proc, recv)  # its value comes after the books: it still works
-                else:
-                    recv.close()
-                    if task_of(share) is not None and proc.is_alive():
-                        proc.kill()  # it failed its share: not waited for while it does the work
-                    proc.join()
-            if not isinstance(part, _Books):
-                part = _read(roots, run, None, share)
-            books.merge(part, progress)
+        read = _read_claimed(roots, run, progress, shares.Claims(units, table, 0))
+        mine = set(read)  # their bytes were shown as they were read
+        for proc, recv, task in workers:
+            try:
+                part = recv.recv()
+            except (EOFError, OSError, pickle.UnpicklingError):
+                part = None
+            if beside is not None and task is not None and isinstance(part, dict):
+                beside.give(proc, recv)  # its value comes after the books: it still works
+            else:
+                recv.close()
+                if task is not None and proc.is_alive():
+                    proc.kill()  # it failed its units: not waited for while it does the work
+                proc.join()
+            if isinstance(part, dict):
+                read.update(part)
+        books = _new_books(run)
+        for u, unit in enumerate(units):
+            part = read.get(u)
+            if part is None:  # its process failed (or none reached it): read here
+                part = _read(roots, run, None, unit)
+            books.merge(part, None if u in mine else progress)
     finally:
-        for _, proc, _ in workers:
-            if proc is not None and proc.is_alive() and (beside is None or not beside.owns(proc)):
+        for proc, _, _ in workers:
+            if proc.is_alive() and (beside is None or not beside.owns(proc)):
                 proc.kill()
                 proc.join()
     return books if books.files else None
@@ -280,25 +316,26 @@ def _aside_worker(task: Callable[[], object], conn) -> None:
     conn.close()
 
 
-def _share_worker(roots: list[Root], run: str, share: shares.Share, conn,
+def _share_worker(roots: list[Root], run: str, units: list[shares.Share], table, me: int, conn,
                   task: Callable[[], object] | None = None) -> None:
-    """A forked process: read the share and send its books (or None when reading failed: the parent
-    then reads the share itself and reports what goes wrong); then do `task`, if any, and send
-    ("aside", its value) (nothing when it failed: the parent does it again)."""
+    """A forked process: read the units it claims and send their books (unit -> books; None when
+    reading failed: the parent then reads them itself and reports what goes wrong); then do `task`,
+    if any, and send ("aside", its value) (nothing when it failed: the parent does it again)."""
     try:
-        books = _read(roots, run, None, share)
-        for ctx in books.files:
-            ctx.seen = set()  # needed only while scanning: not worth its pickle
-        for parts in books.parts.values():
-            for end in parts:
-                end.src.stream = None  # an open file: not for a pickle, and read to its end
-    except BaseException:  # anything: the parent reads the share again
-        books = None
+        read = _read_claimed(roots, run, None, shares.Claims(units, table, me))
+        for books in read.values():
+            for ctx in books.files:
+                ctx.seen = set()  # needed only while scanning: not worth its pickle
+            for parts in books.parts.values():
+                for end in parts:
+                    end.src.stream = None  # an open file: not for a pickle, and read to its end
+    except BaseException:  # anything: the parent reads the units again
+        read = None
     try:
-        conn.send(books)
+        conn.send(read)
     except (OSError, pickle.PicklingError, TypeError):
         pass
-    del books
+    del read
     if task is not None:
         try:
             conn.send(("aside", task()))

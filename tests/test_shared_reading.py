@@ -1,7 +1,7 @@
 """A run read by several processes (events.build_events(jobs=N)) gives exactly the table, skips, notes
-and counts that one process gives: each process reads a contiguous share of the walk's entries, and
-slices of files bigger than a share (ingest.shares), and the shares' books join in walk order. A share
-whose process dies is read again by the parent."""
+and counts that one process gives: the walk's entries, and slices of files bigger than a unit, are cut
+into units (ingest.shares); each process claims units as its walk reaches them (a file's slices from
+its end), and the units' books join in walk order. A unit whose process dies is read again by the parent."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import polars as pl
@@ -40,17 +41,25 @@ def fork_allowed(monkeypatch):
 
 @pytest.fixture
 def share_everything(monkeypatch):
-    """Shares of any size: the small runs of the tests are shared too. Counts the shares this process
-    reads itself: one, unless a forked process failed (its share is then read here again)."""
+    """Shares of any size: the small runs of the tests are shared too. Records what this process reads
+    itself: ("claims", the units it read) for its claiming walk (events._read_claimed), ("again", unit)
+    for each unit read again here because the process that claimed it sent no books."""
     monkeypatch.setattr(events, "SHARE_MIN_BYTES", 1)
-    here: list[object] = []
-    read = events._read
+    here: list[tuple[str, object]] = []
+    read, claimed = events._read, events._read_claimed
 
-    def counted(roots, run, progress, share=None):
-        here.append(share)
+    def again(roots, run, progress, share=None):
+        if share is not None:
+            here.append(("again", share.index))
         return read(roots, run, progress, share)
 
-    monkeypatch.setattr(events, "_read", counted)
+    def walk(roots, run, progress, claims):
+        out = claimed(roots, run, progress, claims)
+        here.append(("claims", sorted(out)))  # a forked process's record stays in that process
+        return out
+
+    monkeypatch.setattr(events, "_read", again)
+    monkeypatch.setattr(events, "_read_claimed", walk)
     return here
 
 
@@ -62,9 +71,9 @@ def small_chunks(monkeypatch):
 
 
 def _one_share_here(here: list) -> None:
-    """The shares read in this process: the first only (every forked process sent its books)."""
-    shared = [s for s in here if s is not None]
-    assert len(shared) == 1 and shared[0].index == 0, [getattr(s, "index", None) for s in shared]
+    """This process walked the run once, claiming units, and read none again (every forked process
+    sent its books)."""
+    assert [what for what, _ in here] == ["claims"], here
     here.clear()
 
 
@@ -157,13 +166,27 @@ def test_a_share_whose_process_dies_is_read_again(tmp_path, share_everything, mo
     run = _mixed_folder(tmp_path)
     one = events.build_events(run, jobs=1)
 
-    def dies(*_args):
+    def dies(roots, run, units, table, me, conn, task=None):
+        with table.get_lock():  # every unit is claimed by the forked processes, which then die
+            for u in range(len(units)):
+                if table[u] < 0:
+                    table[u] = me
         os._exit(3)  # as if killed: the parent gets no books
 
+    claimed = events._read_claimed
+
+    def after_the_claims(roots, run, progress, claims):
+        deadline = time.monotonic() + 30
+        while any(claims.table[u] < 0 for u in range(len(claims.units))) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return claimed(roots, run, progress, claims)
+
     monkeypatch.setattr(events, "_share_worker", dies)
+    monkeypatch.setattr(events, "_read_claimed", after_the_claims)
     share_everything.clear()
     _same(one, events.build_events(run, jobs=3))
-    assert sorted(s.index for s in share_everything if s is not None) == [0, 1, 2]  # two read again here
+    plan = shares.plan(events.roots_of(run), 3, min_bytes=1, per_process=shares.UNITS_PER_PROCESS)
+    assert sorted(u for what, u in share_everything if what == "again") == list(range(len(plan)))
 
 
 def _pid_once(calls: list[int]):
@@ -384,7 +407,8 @@ def test_a_daemon_process_reads_every_share_itself(tmp_path, share_everything, m
     one = events.build_events(run, jobs=1)
     share_everything.clear()
     _same(one, events.build_events(run, jobs=3))
-    assert sorted(s.index for s in share_everything if s is not None) == [0, 1, 2]
+    plan = shares.plan(events.roots_of(run), 3, min_bytes=1, per_process=shares.UNITS_PER_PROCESS)
+    assert share_everything == [("claims", list(range(len(plan))))]  # every unit claimed here, in one walk
 
 
 @pytest.mark.parametrize("big", [False, True])
@@ -418,3 +442,108 @@ def prefilter_min() -> int:
     from ncclforensics.parse.prefilter import NUMPY_MIN
 
     return NUMPY_MIN
+
+
+def test_units_go_to_the_process_that_reaches_them_first(tmp_path, share_everything):
+    """A unit another process has claimed is skipped by this one's walk; the units' books, joined in
+    unit order, whoever read them, are one reading's."""
+    import multiprocessing
+
+    run = _mixed_folder(tmp_path)
+    one = events.build_events(run, jobs=1)
+    roots = events.roots_of(run)
+    plan = shares.plan(roots, 2, min_bytes=1, per_process=3)
+    assert plan is not None and plan.procs == 2 and len(plan) >= 4
+    table = multiprocessing.Array("i", [-1] * len(plan))
+    theirs = {1, len(plan) - 1}
+    for u in theirs:
+        table[u] = 1  # claimed by another process before this one got there
+    here = events._read_claimed(roots, one.run, None, shares.Claims(list(plan), table, 0))
+    assert set(here) == set(range(len(plan))) - theirs
+    assert all(table[u] == 0 for u in here)  # claimed by this process as its walk reached them
+    books = events._new_books(one.run)
+    for u, unit in enumerate(plan):
+        books.merge(here[u] if u in here else events._read(roots, one.run, None, unit), None)
+    _same(one, books.finish())
+
+
+def test_a_file_cut_into_slices_is_read_from_its_ends(tmp_path, small_chunks):
+    """A console's ends hold its rare lines (every rank's start-up, its teardown and tracebacks: the
+    lines that cost most to read): its last slice and its first are claimed first, then the middle from
+    the end, so the slice claimed last, which the other processes may wait for, is a cheap one."""
+    import multiprocessing
+
+    path = _console(tmp_path)
+    roots = events.roots_of(path)
+    plan = shares.plan(roots, 2, min_bytes=1, per_process=3)
+    assert plan is not None and len(plan) == 6 and all(len(sh.slices) == 1 for sh in plan)
+    table = multiprocessing.Array("i", [-1] * len(plan))
+    claims = shares.Claims(list(plan), table, 0)
+    assert claims.owns(0, 0)  # every process that may read a slice opens the file
+    order = []
+    for sl in claims.slices_of(0, 0):
+        order.append((sl.k, claims.current))
+    assert [k for k, _ in order] == [5, 0, 4, 3, 2, 1] and [u for _, u in order] == [5, 0, 4, 3, 2, 1]
+    other = shares.Claims(list(plan), table, 1)
+    assert not other.owns(0, 0) and list(other.slices_of(0, 0)) == []  # all taken: nothing left to read
+    assert other.books_entry(0, 0) is False and claims.books_entry(0, 0) is True  # the last slice's reader
+
+
+def _chunks_of(stream, head: bytes, size: int, keep_tail: bool = True) -> list[bytes]:
+    return list(decode.iter_chunks(stream, head, size, keep_tail=keep_tail))
+
+
+class _ReadOnly:
+    """A stream with read() only (a decompressor's wrapper): chunks are joined from fresh reads."""
+
+    def __init__(self, data: bytes) -> None:
+        self._f = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._f.read(n)
+
+
+@pytest.mark.parametrize("keep_tail", [True, False])
+def test_chunks_read_into_a_buffer_are_the_chunks_of_fresh_reads(tmp_path, keep_tail):
+    """iter_chunks reads a file into a kept buffer (one copy a chunk): the chunks are the ones a
+    stream without readinto gives, cut at the same places (ingest.shares cuts files where they are)."""
+    lines = [b"x" * (i * 37 % 300) + b"\x00" * (i % 7 == 0) + b"\n" for i in range(4000)]
+    lines[1000] = b"y" * 5000 + b"\n"  # longer than a chunk: cut inside the line
+    data = b"".join(lines) + b"no newline at the end"
+    path = tmp_path / "f.log"
+    path.write_bytes(data)
+    size, head_size = 4096, 1000
+    with open(path, "rb") as f:
+        head = f.read(head_size)
+        buffered = _chunks_of(f, head, size, keep_tail)
+    fresh = _chunks_of(_ReadOnly(data[head_size:]), data[:head_size], size, keep_tail)
+    assert buffered == fresh
+    assert b"".join(fresh) == (data if keep_tail else data[: data.rfind(b"\n") + 1]).replace(b"\x00", b"")
+    assert len(buffered) > 100 and all(c.endswith(b"\n") for c in buffered[:-1] if len(c) < size)
+
+
+def test_a_slice_is_read_into_the_buffer_up_to_its_end(tmp_path):
+    from ncclforensics.ingest.formats import _Capped
+
+    data = b"".join(b"line %d\n" % i for i in range(3000))
+    path = tmp_path / "f.log"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        f.seek(100)
+        capped = _capped_chunks = _chunks_of(_Capped(f, 9000), b"", 4096, keep_tail=False)
+    with open(path, "rb") as f:
+        f.seek(100)
+        fresh = _chunks_of(_ReadOnly(f.read(9000)), b"", 4096, keep_tail=False)
+    assert capped == fresh and _capped_chunks
+
+
+def test_the_chunk_buffer_is_kept_for_the_next_file(tmp_path):
+    path = tmp_path / "f.log"
+    path.write_bytes(b"a line\n" * 10000)
+    with open(path, "rb") as f:
+        _chunks_of(f, b"", 8192)
+    kept = list(decode._BUFFERS)
+    assert kept  # given back once the file was read
+    with open(path, "rb") as f:
+        _chunks_of(f, b"", 8192)
+    assert any(any(b is k for k in kept) for b in decode._BUFFERS)  # the same buffer, not a new one

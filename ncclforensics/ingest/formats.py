@@ -115,7 +115,9 @@ def _put_chunks(chunks, ctx: FileContext, scanner: LineScanner, put: Put, *, tai
 
 
 class _Capped:
-    """The next `left` bytes of a stream."""
+    """The next `left` bytes of a stream (a file: its reads fill what they are asked for, but at its end)."""
+
+    fills_readinto = True  # decode.iter_chunks reads it into its buffer
 
     def __init__(self, stream, left: int) -> None:
         self._stream = stream
@@ -127,6 +129,12 @@ class _Capped:
         data = self._stream.read(self._left if n < 0 else min(n, self._left))
         self._left -= len(data)
         return data
+
+    def readinto(self, b) -> int:
+        view = memoryview(b)[: max(0, min(len(b), self._left))]
+        got = self._stream.readinto(view) if len(view) else 0
+        self._left -= got
+        return got
 
 
 def tail_of(last: ChunkRead, before_last: bytes, next_line: int) -> TailRead:

@@ -26,6 +26,15 @@ class RootStart:
 
 
 @dataclass(frozen=True, slots=True)
+class UnitStart:
+    """What follows is the `index`-th unit of a shared reading (ingest.shares.Claims), of the run's
+    `root`-th path: its books, until the next UnitStart."""
+
+    index: int
+    root: int
+
+
+@dataclass(frozen=True, slots=True)
 class Note:
     """A note for the run (how something was read)."""
 
@@ -68,4 +77,4 @@ class SourceEnd:
     part: tuple[int, int] | None = None
 
 
-Item = Skip | RootStart | Note | ChunkRead | TailRead | SourceEnd
+Item = Skip | RootStart | UnitStart | Note | ChunkRead | TailRead | SourceEnd

@@ -24,8 +24,8 @@ from ncclforensics.ingest.attribution import path_hints
 from ncclforensics.ingest.discover import Root, Source, iter_sources
 from ncclforensics.ingest.filekinds import DOC_SUFFIXES, NOT_A_LOG, NOT_LOG_SUFFIXES
 from ncclforensics.ingest.formats import read_slice, read_source
-from ncclforensics.ingest.items import ChunkRead, Item, Note, RootStart, Skip, SourceEnd, TailRead
-from ncclforensics.ingest.shares import Share, Slice
+from ncclforensics.ingest.items import ChunkRead, Item, Note, RootStart, Skip, SourceEnd, TailRead, UnitStart
+from ncclforensics.ingest.shares import Claims, Share, Slice
 from ncclforensics.parse.lines import FileContext, LineScanner
 
 # Small files read whole share one prefilter query (a query has a fixed cost: bench/README.md) up to
@@ -36,14 +36,16 @@ BATCH_BYTES = 8 << 20
 class Reader:
     """`run_into(sink)`: the items of every source under `roots`, each handed to `sink` in walk order."""
 
-    def __init__(self, roots: list[Root], scanner: LineScanner, share: Share | None = None) -> None:
+    def __init__(self, roots: list[Root], scanner: LineScanner, share: Share | Claims | None = None) -> None:
         """`share`: what this reader reads when several processes share a run (ingest.shares,
-        events.build_events): whole entries and slices of files; such a reader reads no document as
-        a log (a share may hold only documents)."""
+        events.build_events): whole entries and slices of files, given (a Share) or claimed as the
+        walk reaches them (Claims: each unit's items follow a UnitStart); such a reader reads no
+        document as a log (a share may hold only documents)."""
         self.roots = roots
         self.scanner = scanner
         self.share = share
         self.root_index = 0
+        self.unit: int | None = None  # the unit of Claims whose items are handed now
         self.pending: list[SourceEnd] = []  # small files read whole, waiting for one shared prefilter query
         self.pending_data: list[bytes] = []
         self.pending_bytes = 0
@@ -56,7 +58,7 @@ class Reader:
         for i, root in enumerate(self.roots):
             self.root_index = i
             self._put(RootStart(i))
-            self._walk(root, None if self.share is None else functools.partial(self.share.owns, i))
+            self._walk(root, None if self.share is None else functools.partial(self._owns, i))
         if self.pending:
             self._prepare_pending()
 
@@ -64,6 +66,23 @@ class Reader:
         if self.pending:
             self._prepare_pending()  # the small files read before this item come first
         self._sink(item)
+
+    def _owns(self, root: int, entry: int) -> bool:
+        if not self.share.owns(root, entry):  # type: ignore[union-attr]
+            return False
+        self._enter()
+        return True
+
+    def _enter(self, unit: int | None = None) -> None:
+        """Items from here on are of `unit` (else the unit Claims claimed last): the small files read
+        before are handed first, with the unit they were read in."""
+        unit = getattr(self.share, "current", None) if unit is None else unit
+        if unit is None or unit == self.unit:
+            return
+        if self.pending:
+            self._prepare_pending()
+        self.unit = unit
+        self._sink(UnitStart(unit, self.root_index))
 
     def _defer(self, src: Source, ctx: FileContext, data: bytes, exc: BaseException | None) -> None:
         self.pending.append(SourceEnd(src, ctx, len(data), exc))
@@ -87,30 +106,36 @@ class Reader:
         path = root.path
         is_dir = path is not None and path.is_dir()
         walking = is_dir or (path is not None and archive.is_archive(path.name))
-        docs: list[str] = []
+        docs: list[tuple[str, int | None]] = []
         read_any = False
         for src in iter_sources(path, owned):
             src.name = root.prefix + src.name
+            if (src.skipped or (walking and src.name.lower().endswith(NOT_LOG_SUFFIXES))) and not (
+                    self.share is None or self.share.books_entry(self.root_index, src.entry)):
+                continue  # a file cut into slices: the reader of its last one names it
+            self._enter()
             if src.skipped:
                 self._put(Skip(src.name, src.skipped))
                 continue
             if walking and src.name.lower().endswith(NOT_LOG_SUFFIXES):
                 if is_dir and src.name.lower().endswith(DOC_SUFFIXES):
-                    docs.append(src.name)  # read only if the folder holds no log at all
+                    docs.append((src.name, self.unit))  # read only if the folder holds no log at all
                 else:
                     self._put(Skip(src.name, NOT_A_LOG))
                 continue
             read_any = self._source(src) or read_any
         if docs and not read_any and owned is None:
             # a folder of pasted output saved as documents (an issue body as issue.md): read them
-            self._put(Note(f"no log files beside {', '.join(docs[:3])}{' …' if len(docs) > 3 else ''}: "
+            names = [name for name, _ in docs]
+            self._put(Note(f"no log files beside {', '.join(names[:3])}{' …' if len(names) > 3 else ''}: "
                            "read as logs"))
-            for name in docs:
+            for name in names:
                 for src in iter_sources(path / name.removeprefix(root.prefix)):
                     src.name = name
                     self._source(src)
         else:
-            for name in docs:
+            for name, unit in docs:
+                self._enter(unit)  # booked with the unit it was met in
                 self._put(Skip(name, NOT_A_LOG, doc=True))
 
     def _source(self, src: Source) -> bool:
@@ -119,8 +144,9 @@ class Reader:
             self._put(Skip(src.name, src.skipped))
             return False
         slices = None if self.share is None else self.share.slices_of(self.root_index, src.entry)
-        if slices:
+        if slices is not None:
             for sl in slices:
+                self._enter()
                 self._slice(src, sl)
             return True
         ctx = path_hints(src.name)

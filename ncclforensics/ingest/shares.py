@@ -1,10 +1,16 @@
 """How several processes share the reading of one run (events.build_events, jobs > 1).
 
-Each process reads a contiguous share of the walk's entries (discover.entry_sizes), of about equal
-bytes. A file bigger than a share (one console of a whole job) is cut into slices at the places
-where reading it whole cuts its chunks (decode.iter_chunks cuts by position), so each slice's
-chunks, and the lines and rows they give, are those of a whole reading; the slices' rows join with
-their line numbers shifted (events._Books).
+The walk's entries (discover.entry_sizes) are cut into units: contiguous runs of entries of about
+equal bytes, a few per process. A file bigger than a unit (one console of a whole job) is cut into
+slices at the places where reading it whole cuts its chunks (decode.iter_chunks cuts by position),
+so each slice's chunks, and the lines and rows they give, are those of a whole reading; the slices'
+rows join with their line numbers shifted (events._Books).
+
+Units are equal in bytes, not in work: a console's end holds every rank's teardown and tracebacks,
+the lines that cost Python time. So no process is given its units in advance: every process walks
+the whole run and reads the units it claims (Claims) as it reaches them, a unit going to the first
+process that gets there; a file's slices are reached from its ends (its last, its first, then the
+middle from the end). The units' books join in unit order, which is walk order.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from ncclforensics.ingest.discover import Root, entry_sizes
 # A run is shared between processes only when each gets at least this much to read: a process
 # costs ~10-30 ms to fork and its rows a pickle back (bench/README.md, "Several processes").
 SHARE_MIN_BYTES = 48 << 20
+# Units a reading process has on average: more balance the processes' work better (the last unit
+# claimed is what the others may wait for); each costs a set of books (events._Books) and, for a
+# file cut into slices, a slice.
+UNITS_PER_PROCESS = 6
 # How far before a chunk's cut position its last newline is looked for; a file whose lines are
 # longer is not cut there.
 CUT_WINDOW = 1 << 20
@@ -55,10 +65,90 @@ class Share:
     def slices_of(self, root: int, entry: int) -> list[Slice] | None:
         return self.slices.get((root, entry))
 
+    def books_entry(self, root: int, entry: int) -> bool:
+        """Whether this share names the entry when it is skipped as a whole (not read, not a log):
+        the share of its last slice, when it is cut."""
+        sls = self.slices.get((root, entry))
+        return (root, entry) in self.whole or (sls is not None and any(sl.k == sl.n - 1 for sl in sls))
 
-def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES) -> list[Share] | None:
-    """The shares of up to `jobs` processes, or None when one process should read it all (standard
-    input, a small run, one job)."""
+
+class Plan(list):
+    """The units of a shared reading (Shares, in walk order), and how many processes read them."""
+
+    procs: int
+
+
+class Claims:
+    """Which units of a plan this process reads (`me`: its number): claimed as the walk reaches them,
+    in `table`, shared by every reading process (a multiprocessing Array of ints, -1 for a unit no
+    process has claimed yet). Asked by ingest.reader.Reader as a Share is: `owns` (claiming the
+    entry's unit), `slices_of` (a file's slices, its ends first, each claimed when it is reached),
+    `books_entry`; `current` is the unit of what is read now."""
+
+    def __init__(self, units: list[Share], table, me: int) -> None:
+        self.units = units
+        self.table = table
+        self.me = me
+        self.current: int | None = None
+        self._known: dict[int, bool] = {}
+        self._unit_of: dict[Key, int] = {key: u for u, sh in enumerate(units) for key in sh.whole}
+        self._slices: dict[Key, list[tuple[int, Slice]]] = {}
+        for u, sh in enumerate(units):
+            for key, sls in sh.slices.items():
+                self._slices.setdefault(key, []).extend((u, sl) for sl in sls)
+        for sls in self._slices.values():
+            sls.sort(key=lambda us: us[1].k)
+
+    def claim(self, unit: int) -> bool:
+        """Whether `unit` is this process's: claimed now, unless another process has it."""
+        mine = self._known.get(unit)
+        if mine is None:
+            with self.table.get_lock():
+                owner = self.table[unit]
+                if owner < 0:
+                    self.table[unit] = owner = self.me
+            mine = self._known[unit] = owner == self.me
+        if mine:
+            self.current = unit
+        return mine
+
+    def owns(self, root: int, entry: int) -> bool:
+        unit = self._unit_of.get((root, entry))
+        if unit is not None:
+            return self.claim(unit)
+        sls = self._slices.get((root, entry))
+        # a file cut into slices is opened by every process that may read one of them (slices_of claims them)
+        return sls is not None and any(self._may_claim(u) for u, _ in sls)
+
+    def _may_claim(self, unit: int) -> bool:
+        """Whether `unit` is this process's or no process's yet (claiming nothing)."""
+        mine = self._known.get(unit)
+        if mine is not None:
+            return mine
+        owner = self.table[unit]
+        return owner < 0 or owner == self.me
+
+    def slices_of(self, root: int, entry: int):
+        sls = self._slices.get((root, entry))
+        if sls is None:
+            return None
+        # a file's rare lines are at its ends (every rank's start-up at its head, its teardown and
+        # tracebacks at its end): those slices first, then the middle from the end, so the slice
+        # claimed last is a cheap one
+        order = [sls[-1], sls[0], *reversed(sls[1:-1])] if len(sls) > 1 else sls
+        return (sl for u, sl in order if self.claim(u))
+
+    def books_entry(self, root: int, entry: int) -> bool:
+        if (root, entry) in self._unit_of:
+            return True  # owns() claimed it
+        sls = self._slices.get((root, entry))
+        return sls is not None and self.claim(sls[-1][0])
+
+
+def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES, per_process: int = 1) -> Plan | None:
+    """The units of a reading by up to `jobs` processes (`per_process` units each, fewer where
+    files are too few to make them), or None when one process should read it all (standard input,
+    a small run, one job). Each process has `min_bytes` at least to read."""
     if jobs < 2 or any(r.path is None for r in roots):
         return None
     try:
@@ -67,9 +157,10 @@ def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES) -> list
     except (NoInputError, OSError):
         return None  # the single reader says what is wrong
     total = sum(size for _, size, _ in entries)
-    n = min(jobs, total // max(1, min_bytes))
-    if n < 2:
+    procs = min(jobs, total // max(1, min_bytes))
+    if procs < 2:
         return None
+    n = procs * max(1, per_process)
     # units: whole entries, and the chunks of files that may be cut, each with its bytes
     units: list[tuple[Key, int | None, int]] = []
     for key, size, full in entries:
@@ -99,7 +190,10 @@ def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES) -> list
             if len(sls) == 1 and sls[0].n == 1:  # not cut after all
                 del sh.slices[key]
                 sh.whole.add(key)
-    used = [sh for sh in shares if sh.whole or sh.slices]
+    used = Plan(sh for sh in shares if sh.whole or sh.slices)
+    for k, sh in enumerate(used):
+        sh.index = k
+    used.procs = min(procs, len(used))
     return used if len(used) > 1 else None
 
 
