@@ -231,3 +231,29 @@ def test_a_restarts_failure_explains_no_earlier_attempts():
     crash = _finding("rank_crash", 0.9, dt.datetime(2024, 3, 12, 15, 31, 52), ("oom",), "RC001")
     oom = _finding("oom", 0.9, None, ("gpu_hardware",), "OM001")
     assert order([oom, crash]) is oom and crash.role is Role.CASCADE
+
+
+def test_rules_make_dicts_of_the_rows_they_read_only():
+    """Most rows of a large run are context (NCCL's init noise, environment lines) that no detector
+    reads: the Context makes a row a dict only when a detector asks for its kind or role, and the verdict
+    is the one with every row made a dict first."""
+    import polars as pl
+
+    sample = Path(__file__).resolve().parent.parent / "sample_logs"
+    events = build_events(sample).events
+    # NCCL's `NET/IB` lines (nccl_net: context, read by no detector), one per rank and NIC in a large run
+    noise = events.filter(pl.col("role") == "context").head(1).with_columns(
+        pl.lit("nccl_net").cast(events.schema["kind"]).alias("kind"), pl.lit("nccl").cast(events.schema["source"])
+        .alias("source"), pl.lit("NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>").alias("text"))
+    assert noise.height == 1
+    many = 5000
+    filler = pl.concat([noise] * many).with_columns(
+        pl.Series("line", range(10**6, 10**6 + many), dtype=noise.schema["line"]), pl.lit("filler.log").alias("file"))
+    big = pl.concat([events, filler])
+    lazy = Context.build(big)
+    found = engine.evaluate(lazy).findings
+    assert len(lazy._dicts) < big.height - many // 2  # the filler rows stayed in the table
+    eager = Context.build(big)
+    assert len(eager.all_rows) == big.height  # every row a dict before any detector runs
+    assert [(f.rule, f.root_cause, f.culprit_ranks, f.confidence) for f in engine.evaluate(eager).findings] == [
+        (f.rule, f.root_cause, f.culprit_ranks, f.confidence) for f in found]

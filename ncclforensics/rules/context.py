@@ -99,22 +99,40 @@ class Context:
         vocabulary().check(*kinds)
         by_kind = self._by_kind
         if len(kinds) == 1:
-            return [self.all_rows[i] for i in by_kind.get(kinds[0], ())]
-        at = sorted(i for k in dict.fromkeys(kinds) for i in by_kind.get(k, ()))
-        return [self.all_rows[i] for i in at]
+            return self._rows_at(by_kind.get(kinds[0], ()))
+        return self._rows_at(sorted(i for k in dict.fromkeys(kinds) for i in by_kind.get(k, ())))
 
     @cached_property
     def all_rows(self) -> list[dict]:
-        """Every row as a dict, built once (detectors read it; none may change a row)."""
-        return self.events.to_dicts()
+        """Every row as a dict (detectors read them; none may change a row). Detectors ask for kinds,
+        roles or columns instead where they can: a row becomes a dict only when one is asked for
+        (_rows_at), and most rows of a large run are context no detector reads."""
+        return self._rows_at(range(self.events.height))
+
+    @cached_property
+    def _dicts(self) -> dict[int, dict]:
+        """Table position -> its row as a dict, for the rows asked for so far (each built once)."""
+        return {}
+
+    def _rows_at(self, at) -> list[dict]:
+        """The rows at these table positions, as dicts (the same dict each time a row is asked for)."""
+        made = self._dicts
+        missing = [i for i in at if i not in made]
+        if missing:
+            made.update(zip(missing, self.events[missing].to_dicts(), strict=True))
+        return [made[i] for i in at]
+
+    def _positions(self, mask: pl.Expr) -> list[int]:
+        """The table positions of the rows where `mask` holds."""
+        return self.events.select(pl.arg_where(mask.fill_null(False))).to_series().to_list()
 
     @cached_property
     def _by_kind(self) -> dict[str, list[int]]:
         """kind -> the table positions of its rows: detectors ask for a few kinds of a table that may
         hold tens of thousands of rows (one per rank and line), many times."""
         out: dict[str, list[int]] = {}
-        for i, r in enumerate(self.all_rows):
-            out.setdefault(r["kind"], []).append(i)
+        for i, k in enumerate(self.events["kind"].to_list()):
+            out.setdefault(k, []).append(i)
         return out
 
     @cached_property
@@ -125,12 +143,12 @@ class Context:
         return {f: frozenset(rs) for f, rs in per.iter_rows()}
 
     @cached_property
-    def _by_role(self) -> dict[str | None, list[dict]]:
-        """role -> its rows, in table order."""
-        out: dict[str | None, list[dict]] = {}
-        for r in self.all_rows:
-            out.setdefault(r["role"], []).append(r)
-        return out
+    def _by_role(self) -> _RoleRows:
+        """role -> its rows, in table order (each role's made into dicts when first asked for)."""
+        at: dict[str | None, list[int]] = {}
+        for i, role in enumerate(self.events["role"].to_list()):
+            at.setdefault(role, []).append(i)
+        return _RoleRows(self, at)
 
     @cached_property
     def _cause_rows(self) -> list[dict]:
@@ -155,8 +173,13 @@ class Context:
     @cached_property
     def _ranks_with_own_lines(self) -> set[int]:
         """Ranks whose own lines show a cause or a symptom: their exit report follows from it."""
-        return {r["rank"] for role in (CAUSE, SYMPTOM) for r in self._by_role.get(role, ())
-                if r["rank"] is not None and not _is_agent_row(r)}
+        return self._own_ranks(CAUSE, SYMPTOM)
+
+    def _own_ranks(self, *roles: str) -> set[int]:
+        """Ranks of the rows of these roles that are the ranks' own lines (no launcher's report)."""
+        own = (pl.col("role").is_in(list(roles)) & pl.col("rank").is_not_null()
+               & ~pl.col("kind").is_in(list(vocabulary().kinds_from_launcher())))
+        return set(self.events.filter(own)["rank"].unique().to_list())
 
     def symptoms(self, cls: RootCause | None = None) -> list[dict]:
         return [r for r in self._by_role.get(SYMPTOM, ()) if cls is None or r["class"] == cls.value]
@@ -176,9 +199,8 @@ class Context:
         """Ranks named only inside message texts (fingerprints, duplicate GPUs, desync reports)."""
         named = vocabulary().kinds_naming_ranks()
         out: set[int] = set()
-        for r in self.all_rows:
-            if r["kind"] in named:
-                out.update(named_ranks(r))
+        for r in self.rows(*(k for k in named if k in self._by_kind)):
+            out.update(named_ranks(r))
         return sorted(out)
 
     @property
@@ -200,8 +222,8 @@ class Context:
                     cands.append(x[key])
             if r["kind"] == "fr_pg" and x.get("members"):
                 cands.append(len(x["members"]))
-        for r in self.all_rows:
-            v = extra(r).get("world_size") if r["extra"] and '"world_size"' in r["extra"] else None
+        for r in self._rows_at(self._positions(pl.col("extra").str.contains('"world_size"', literal=True))):
+            v = extra(r).get("world_size")
             if isinstance(v, int):
                 cands.append(v)
         for r in self.rows("rendezvous_ranks"):
@@ -240,7 +262,7 @@ class Context:
     @cached_property
     def _training_signs(self) -> list[dict]:
         """The signs of training: progress, a fingerprint or a save, a timeout past SeqNum 2."""
-        signs = [r for r in self.all_rows if r["role"] == EvidenceRole.PROGRESS.value and r["kind"] != "fr_pg"]
+        signs = [r for r in self._by_role.get(EvidenceRole.PROGRESS.value, ()) if r["kind"] != "fr_pg"]
         signs += self.rows("fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report")
         return signs + [r for r in self.rows("watchdog_timeout", "watchdog_status")
                         if r["seq"] is not None and r["seq"] > 2]
@@ -259,14 +281,12 @@ class Context:
 
     @cached_property
     def first_symptom_ts(self):
-        ts = [r["ts"] for r in self._by_role.get(SYMPTOM, ()) if r["ts"] is not None]
-        return min(ts) if ts else None
+        return self.events.filter(pl.col("role") == SYMPTOM)["ts"].min()
 
     @cached_property
     def symptom_ranks(self) -> set[int]:
         """Ranks with a row showing they reacted to a peer (timeouts, closed connections)."""
-        return {r["rank"] for r in self._by_role.get(SYMPTOM, ())
-                if r["rank"] is not None and not _is_agent_row(r)}
+        return self._own_ranks(SYMPTOM)
 
     @cached_property
     def self_failures(self) -> dict[int, dict]:
@@ -321,6 +341,23 @@ class Context:
             if len(out) >= limit:
                 break
         return out
+
+
+class _RoleRows:
+    """role -> its rows (Context._by_role): a role's rows become dicts when that role is first asked for."""
+
+    def __init__(self, ctx: Context, at: dict[str | None, list[int]]) -> None:
+        self._ctx = ctx
+        self._at = at
+        self._rows: dict[str | None, list[dict]] = {}
+
+    def get(self, role: str | None, default=()) -> list[dict]:
+        rows = self._rows.get(role)
+        if rows is None:
+            if role not in self._at:
+                return default
+            rows = self._rows[role] = self._ctx._rows_at(self._at[role])
+        return rows
 
 
 def _is_agent_row(row: dict) -> bool:

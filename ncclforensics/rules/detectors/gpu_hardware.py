@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import polars as pl
+
 from ncclforensics.model import RootCause
 from ncclforensics.rules.context import Context, extra
 from ncclforensics.rules.detectors.common import (
@@ -25,12 +27,13 @@ _STRENGTH_CONF = {3: 1.0, 2: 0.8, 1: 0.5}
 def current_kernel_rows(ctx: Context, rows: list[dict]) -> tuple[list[dict], list[str]]:
     """`rows` (kernel events) without those from well before the run, once the run had trained;
     and the notes saying which were left out."""
-    own = [r["ts"] for r in ctx.all_rows if r["ts"] is not None and r["source"] != "kernel"]
-    if not rows or not own or not ctx.training_started:
+    if not rows or not ctx.training_started:
+        return rows, []
+    start = ctx.events.filter(pl.col("source") != "kernel")["ts"].min()  # the run's first line of its own
+    if start is None:
         return rows, []
     timeouts = [r["timeout_ms"] for r in ctx.rows("watchdog_timeout") if r.get("timeout_ms")]
     margin = dt.timedelta(seconds=max(STALE_KERNEL_S, 2 * max(timeouts, default=0) / 1000))
-    start = min(own)
     keep = [r for r in rows if r["source"] != "kernel" or r["ts"] is None or r["ts"] >= start - margin]
     notes = [f"{r['file']}:{r['line']}: a GPU fault at {r['ts']:%Y-%m-%d %H:%M} is "
              f"{(start - r['ts']).total_seconds() / 3600:.0f} h older than the run's first line; "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import polars as pl
+
 from ncclforensics.model import RootCause, rank_ranges
 from ncclforensics.rules.context import Context, extra, is_cause_row
 from ncclforensics.rules.detectors.common import (
@@ -114,8 +116,8 @@ def rank_signal(ctx: Context) -> list[Hit]:
         sig = next((signal_of_exit(r["code"]) for r in rankless), None)
     # SIGABRT known only from a launcher's exit code, with no line of the rank's own: the NCCL watchdog
     # ends a rank that timed out with SIGABRT too (§3.7), so this may be a symptom. Its log settles it.
-    own = {r["rank"] for r in ctx.all_rows if r["rank"] in codes and not _is_exit_report(r)
-           and r["kind"] != "closing_signal"}
+    own = set(ctx.events.filter(pl.col("rank").is_in(list(codes)) & ~pl.col("kind").is_in(
+        [*vocabulary().kinds_from_launcher(), "closing_signal"]))["rank"].to_list())
     if sig == SIGABRT and codes and not own and not any(r["rank"] in codes for r in sig_rows):
         return [Hit(culprits=[], evidence=[], confidence=0.0, notes=[
             f"rank {rank_ranges(ranks, count=False)} is known to have died of SIGABRT only from the launcher's "
