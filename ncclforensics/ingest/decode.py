@@ -74,10 +74,11 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int | None = None, *,
     the few blocks with candidate lines are decoded in Python. A line longer than `chunk_size` is cut:
     the chunk then does not end with a newline and the next chunk continues that line.
 
-    A stream that reads into a buffer (`readinto`: files, decompressors) is read into one kept
-    buffer behind the carried bytes, and each chunk copied out of it once: joining the carry to a
-    fresh read and cutting the chunk off copied it twice more, into fresh memory each time (a page
-    fault every 4 KiB: ~0.45 s of system time a GiB, bench/README.md, "eighth round").
+    A file (or a slice of one) is read into a kept buffer behind the carried bytes, and each chunk
+    copied out of it once: joining the carry to a fresh read and cutting the chunk off copied it
+    twice more, into fresh memory each time (a page fault every 4 KiB: ~0.45 s of system time a GiB
+    read alone, bench/README.md, "eighth round"). Other streams (decompressors, archive members) are
+    read as before: their readinto may return less than asked before their end.
     """
     chunk_size = chunk_size or CHUNK_SIZE
     # only where readinto fills the buffer but at the end, as read(n) does: chunks are cut by position
