@@ -88,16 +88,24 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int | None = None, *,
     try:
         carry = head
         while True:
+            view = None  # the kept buffer, when this read went into it (else `buf` is bytes)
             if len(carry) >= chunk_size:  # a full chunk in hand (the caller's first read)
-                buf = carry
-            elif readinto is not None:
-                if scratch is None or len(scratch) < len(carry) + chunk_size:
-                    if scratch is not None:
-                        _give_back(scratch)
-                    scratch = _take_buffer(len(carry) + chunk_size + HEAD_SIZE)
-                scratch[: len(carry)] = carry
+                buf, end = carry, len(carry)
+            else:
                 try:
-                    got = readinto(scratch[len(carry) : len(carry) + chunk_size]) or 0
+                    if readinto is not None:
+                        if scratch is None or len(scratch) < len(carry) + chunk_size:
+                            if scratch is not None:
+                                _give_back(scratch)
+                            scratch = _take_buffer(len(carry) + chunk_size + HEAD_SIZE)
+                        scratch[: len(carry)] = carry
+                        got = readinto(scratch[len(carry) : len(carry) + chunk_size]) or 0
+                        view, buf, end = scratch, scratch.obj, len(carry) + got
+                    else:
+                        data = stream.read(chunk_size)
+                        got = len(data)
+                        buf = carry + data if carry else data
+                        end = len(buf)
                 except Exception:  # damage or a cap: what was decoded before it still counts
                     if carry:
                         yield clean(carry)
@@ -106,42 +114,20 @@ def iter_chunks(stream: BinaryIO, head: bytes, chunk_size: int | None = None, *,
                     if carry and keep_tail:
                         yield clean(carry)
                     return
-                end = len(carry) + got
-                cut = scratch.obj.rfind(b"\n", 0, end)  # type: ignore[union-attr]
-                if cut < 0:
-                    if end < chunk_size:
-                        carry = bytes(scratch[:end])
-                        continue
-                    yield clean(bytes(scratch[:end]))
-                    carry = b""
-                    continue
-                body, carry = bytes(scratch[: cut + 1]), bytes(scratch[cut + 1 : end])
-                yield clean(body)
-                continue
-            else:
-                try:
-                    data = stream.read(chunk_size)
-                except Exception:  # damage or a cap: what was decoded before it still counts
-                    if carry:
-                        yield clean(carry)
-                    raise
-                if not data:
-                    if carry and keep_tail:
-                        yield clean(carry)
-                    return
-                buf = carry + data if carry else data
-            cut = buf.rfind(b"\n")
+
+            def piece(a: int, b: int) -> bytes:
+                # out of the kept buffer: one copy; of bytes: the object itself when it is all of it
+                return bytes(view[a:b]) if view is not None else buf[a:b]  # noqa: B023
+
+            cut = buf.rfind(b"\n", 0, end)  # type: ignore[union-attr]
             if cut < 0:
-                if len(buf) < chunk_size:
-                    carry = buf
+                if end < chunk_size:
+                    carry = piece(0, end)
                     continue
-                yield clean(buf)
+                yield clean(piece(0, end))
                 carry = b""
                 continue
-            if cut + 1 == len(buf):
-                body, carry = buf, b""  # no copy
-            else:
-                body, carry = buf[: cut + 1], buf[cut + 1 :]
+            body, carry = piece(0, cut + 1), piece(cut + 1, end)
             yield clean(body)
     finally:
         if scratch is not None:
