@@ -24,7 +24,7 @@ from ncclforensics.ingest.reader import Reader
 from ncclforensics.ingest.table import event_table
 from ncclforensics.model import EVENT_SCHEMA, Skipped
 from ncclforensics.parse.lines import KEEP_PROGRESS, FileContext, LineScanner
-from ncclforensics.parse.prefilter import NUMPY_MIN, numpy_module
+from ncclforensics.parse.prefilter import NUMPY_MIN, NUMPY_RUN_BYTES, numpy_module
 from ncclforensics.parse.signatures import load_signatures
 
 
@@ -222,7 +222,7 @@ def _read_shared(roots: list[Root], run: str, plan: shares.Plan,
     mp = _fork_context()
     if mp is None:
         return None  # no fork on this platform
-    if any(sh.largest >= NUMPY_MIN for sh in plan):
+    if plan.bytes >= NUMPY_RUN_BYTES or any(sh.largest >= NUMPY_MIN for sh in plan):
         numpy_module()  # imported now (it will be used), never by a thread while a child forks
 
     # the work beside goes to the last process only where a forked process may run it

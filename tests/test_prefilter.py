@@ -108,19 +108,22 @@ def test_match_all_remembers_bodies_within_bounds(monkeypatch: pytest.MonkeyPatc
 @settings(max_examples=150, deadline=None)
 @given(data=st.binary(max_size=3000).map(lambda b: b.replace(b"\x00", b"\n")),
        cut=st.tuples(st.integers(0, 3100), st.one_of(st.none(), st.integers(0, 3100))),
-       sizes=st.sampled_from([(1, 1), (16, 7), (100, 64), (1 << 30, 1)]))
-def test_count_newlines_counts_as_bytes_count(data: bytes, cut: tuple[int, int | None], sizes: tuple[int, int]) -> None:
-    """NumPy's count (ranges of NUMPY_MIN bytes and more, NUMPY_STEP at a time) and bytes.count agree
-    whatever the range and the step; the thresholds are lowered here so that small inputs take both paths."""
+       sizes=st.sampled_from([(1, 1, 1), (16, 16, 7), (100, 1, 64), (1 << 30, 1 << 30, 1), (1 << 30, 50, 16)]))
+def test_count_newlines_counts_as_bytes_count(data: bytes, cut: tuple[int, int | None],
+                                              sizes: tuple[int, int, int]) -> None:
+    """NumPy's count (ranges of NUMPY_MIN bytes and more, or NUMPY_SMALL once NumPy is imported,
+    NUMPY_STEP at a time) and bytes.count agree whatever the range and the step; the thresholds are
+    lowered here so that small inputs take both paths."""
     from ncclforensics.parse import prefilter
 
-    saved = prefilter.NUMPY_MIN, prefilter.NUMPY_STEP
-    prefilter.NUMPY_MIN, prefilter.NUMPY_STEP = sizes
+    assert prefilter.numpy_module() is not None  # imported: NUMPY_SMALL applies
+    saved = prefilter.NUMPY_MIN, prefilter.NUMPY_SMALL, prefilter.NUMPY_STEP
+    prefilter.NUMPY_MIN, prefilter.NUMPY_SMALL, prefilter.NUMPY_STEP = sizes
     try:
         a, b = cut
         assert prefilter.count_newlines(data, a, b) == data.count(b"\n", a, b)
     finally:
-        prefilter.NUMPY_MIN, prefilter.NUMPY_STEP = saved
+        prefilter.NUMPY_MIN, prefilter.NUMPY_SMALL, prefilter.NUMPY_STEP = saved
 
 
 def test_count_newlines_leaves_numpy_unimported_on_small_ranges() -> None:

@@ -411,11 +411,12 @@ def test_a_daemon_process_reads_every_share_itself(tmp_path, share_everything, m
     assert share_everything == [("claims", list(range(len(plan))))]  # every unit claimed here, in one walk
 
 
-@pytest.mark.parametrize("big", [False, True])
+@pytest.mark.parametrize("big", ["none", "file", "run"])
 def test_numpy_is_imported_before_forking_only_for_a_run_that_will_count_with_it(tmp_path, big):
     """A run read in shares imports NumPy before it forks its readers when a share holds a file of
-    NUMPY_MIN bytes or more (newline counts of large ranges), never for a run of small files: NumPy
-    costs ~75 ms and ~15 MB a process."""
+    NUMPY_MIN bytes or more (newline counts of large ranges), or the run has NUMPY_RUN_BYTES (its
+    files' counts from NUMPY_SMALL bytes on then use it; lowered here), never for a small run of small
+    files: NumPy costs ~75 ms and ~15 MB a process."""
     import subprocess
     import sys
 
@@ -424,9 +425,11 @@ def test_numpy_is_imported_before_forking_only_for_a_run_that_will_count_with_it
     line = "[rank0]:[E1122 07:44:17.000000000 ProcessGroupNCCL.cpp:632] step 5 loss 0.1\n"
     for k in range(6):
         (run / f"rank{k}.log").write_text(line.replace("rank0", f"rank{k}") * 50)
-    if big:
+    if big == "file":
         (run / "console.log").write_text(line * (prefilter_min() // len(line) + 10))
+    run_bytes = 1000 if big == "run" else "events.NUMPY_RUN_BYTES"
     code = ("import sys; from ncclforensics import events; events.SHARE_MIN_BYTES = 1; "
+            f"events.NUMPY_RUN_BYTES = {run_bytes}; "
             "from ncclforensics.parse import prefilter; "
             "forks = []; "
             "import multiprocessing.context as c; real = c.ForkProcess._Popen; "
@@ -435,7 +438,7 @@ def test_numpy_is_imported_before_forking_only_for_a_run_that_will_count_with_it
             "print(res.events.height, forks)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
     assert int(out[0]) > 0
-    assert out[1].strip() == ("[True]" if big else "[False]")
+    assert out[1].strip() == ("[False]" if big == "none" else "[True]")
 
 
 def prefilter_min() -> int:

@@ -73,9 +73,11 @@ class Share:
 
 
 class Plan(list):
-    """The units of a shared reading (Shares, in walk order), and how many processes read them."""
+    """The units of a shared reading (Shares, in walk order), how many processes read them and the
+    bytes of the run."""
 
     procs: int
+    bytes: int
 
 
 class Claims:
@@ -194,6 +196,7 @@ def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES, per_pro
     for k, sh in enumerate(used):
         sh.index = k
     used.procs = min(procs, len(used))
+    used.bytes = total
     return used if len(used) > 1 else None
 
 
