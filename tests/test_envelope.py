@@ -384,6 +384,31 @@ def test_nearest_year_equals_trying_every_year() -> None:
             assert nearest_year(t, ref, not_after=not_after) == _nearest_year_by_search(t, ref, not_after), (t, ref)
 
 
+def test_years_worked_out_once_a_day_equal_nearest_year() -> None:
+    """event_table's day-by-day years (ingest.table._years_near) give every stamp nearest_year's
+    year, also on the days where the year changes: half a year from `ref` (the midpoint between
+    two candidates) and `ref` + 1 day (not_after)."""
+    import random
+
+    from ncclforensics.ingest.envelope import UNKNOWN_YEAR
+    from ncclforensics.ingest.table import _years_near, nearest_year
+
+    rnd = random.Random(27)
+    for _ in range(60):
+        ref = dt.datetime(2025, 1, 1) + dt.timedelta(seconds=rnd.randrange(-86_400 * 40, 86_400 * 400))
+        for not_after in (False, True):
+            year_of = _years_near(ref, not_after=not_after)
+            # days around the switch points: ref ± half a year, ref + 1 day, and any day
+            centres = [ref + dt.timedelta(days=182.6), ref - dt.timedelta(days=182.6), ref + dt.timedelta(days=1),
+                       ref + dt.timedelta(days=rnd.randrange(-366, 366))]
+            for centre in centres:
+                for _ in range(40):
+                    at = centre + dt.timedelta(seconds=rnd.randrange(-86_400 * 2, 86_400 * 2))
+                    leap = (at.month, at.day) == (2, 29)
+                    t = at.replace(year=4 if leap else UNKNOWN_YEAR)
+                    assert year_of(t) == nearest_year(t, ref, not_after=not_after), (t, ref, not_after)
+
+
 @pytest.mark.parametrize(("name", "host"), [
     ("dmesg-T-gpu-h3.txt", "gpu-h3"),  # the `dmesg -T` flag in the name
     ("kern_node-gpu-h3.log", "gpu-h3"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 
 import polars as pl
 
@@ -40,6 +41,28 @@ def nearest_year(t: dt.datetime, ref: dt.datetime, *, not_after: bool = False) -
     return best[1] if best else None
 
 
+def _years_near(ref: dt.datetime, *, not_after: bool) -> Callable[[dt.datetime], dt.datetime | None]:
+    """nearest_year(·, ref, not_after=…) for many stamps: the year is worked out once a calendar day
+    where the day's first and last microsecond get the same one (the year can change at most once a
+    day, as the stamp moves past a midpoint between two candidates or past `ref` + 1 day, and never
+    back); stamps of a day that straddles such a point are worked out one by one."""
+    days: dict[tuple[int, int], int | None] = {}
+    first, last = dt.time(0, 0), dt.time(23, 59, 59, 999_999)
+
+    def fixed(t: dt.datetime) -> dt.datetime | None:
+        day = (t.month, t.day)
+        year = days.get(day, 0)
+        if year == 0:
+            a = nearest_year(dt.datetime.combine(t.date(), first), ref, not_after=not_after)
+            b = nearest_year(dt.datetime.combine(t.date(), last), ref, not_after=not_after)
+            year = days[day] = a.year if a is not None and b is not None and a.year == b.year else None
+        if year is None:
+            return nearest_year(t, ref, not_after=not_after)
+        return t.replace(year=year)
+
+    return fixed
+
+
 def event_table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFrame, str]:
     """The event table of `rows` (one run), and where year-less stamps took their year from."""
     stamps = [r.get("ts") for r in rows]
@@ -55,10 +78,11 @@ def event_table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.Dat
         year_source = "file modification time"
     else:
         ref, year_source = None, "unknown"
+    year_of = _years_near(ref, not_after=year_source == "file modification time") if ref is not None else None
     fixed = []
     for t in stamps:
         if t is not None and t.year == UNKNOWN_YEAR:
-            t = nearest_year(t, ref, not_after=year_source == "file modification time") if ref is not None else None
+            t = year_of(t) if year_of is not None else None
         fixed.append(t)
     schema = dict(EVENT_SCHEMA)
     schema["ts"] = pl.Datetime("us")
