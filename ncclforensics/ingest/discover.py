@@ -182,47 +182,68 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
     def one(src: Source) -> Callable[[], Iterator[Source]]:
         return lambda: iter((src,))
 
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=None):
+    # os.walk's order (top-down, names sorted), by os.scandir: a file's type and a folder's symlink-ness
+    # come from its directory entry, its size from one stat (~4x faster than paths and two stats a file)
+    stack: list[tuple[str, Path, str]] = [(os.fspath(root), root, "")]  # (folder, as a Path, its name + "/")
+    while stack:
+        dirpath, dpath, rel_dir = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                listed = list(it)
+        except OSError:
+            continue  # os.walk's onerror=None: a folder that cannot be listed is left out
+        dirs: list[os.DirEntry] = []
+        files: list[os.DirEntry] = []
+        for e in listed:
+            try:
+                is_dir = e.is_dir()  # follows a symlink, as os.walk does
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e)
+        dirs.sort(key=_entry_name)
         try:
             dst = os.stat(dirpath)
             key = (dst.st_dev, dst.st_ino)
         except OSError:
+            stack.extend((d.path, dpath / d.name, f"{rel_dir}{d.name}/") for d in reversed(dirs))
             continue
         if key in seen_dirs:
-            dirnames[:] = []
             continue
         seen_dirs.add(key)
-        dirnames.sort()
         # os.walk lists a symlink to a folder among the folders and, not following it, drops it
         # silently: say so, like a file symlink that is not followed.
-        for dname in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            dirnames.remove(dname)
-            rel = (Path(dirpath) / dname).relative_to(root).as_posix()
-            yield entry(0, None, one(Source(rel, None, None, None, "symlink to a folder (not followed)")))
-        for fname in sorted(filenames):
-            full = Path(dirpath) / fname
-            rel = full.relative_to(root).as_posix()
+        linked = [d for d in dirs if os.path.islink(d.path)]
+        for d in linked:
+            yield entry(0, None, one(Source(rel_dir + d.name, None, None, None, "symlink to a folder (not followed)")))
+        for f in sorted(files, key=_entry_name):
+            rel = rel_dir + f.name
             count += 1
             if count > MAX_FILES:
                 yield entry(0, None, one(Source(rel, None, None, None,
                                                  f"more than {MAX_FILES} files; the rest were not read")))
                 return
             try:
-                if full.is_symlink():
-                    target = os.path.realpath(full)
+                if f.is_symlink():
+                    target = os.path.realpath(f.path)
                     if not (target == real_root or target.startswith(real_root + os.sep)):
                         yield entry(0, None, one(Source(rel, None, None, None,
                                                          "symlink pointing outside the given folder (not followed)")))
                         continue
-                st = full.stat()
+                st = f.stat()
             except OSError as exc:
-                why = "symlink not followed" if os.path.islink(full) else "unreadable"
+                why = "symlink not followed" if os.path.islink(f.path) else "unreadable"
                 yield entry(0, None, one(Source(rel, None, None, None, f"{why} ({exc.strerror or exc})")))
                 continue
             if not stat.S_ISREG(st.st_mode):
                 yield entry(0, None, one(Source(rel, None, None, None, "not a regular file")))
                 continue
+            full = dpath / f.name
             yield entry(st.st_size, full, lambda full=full, rel=rel, st=st: _open_file(full, rel, st))
+        stack.extend((d.path, dpath / d.name, f"{rel_dir}{d.name}/") for d in reversed(dirs) if d not in linked)
+
+
+def _entry_name(e: os.DirEntry) -> str:
+    return e.name
 
 
 def _open_file(full: Path, rel: str, st: os.stat_result, *, is_root: bool = False) -> Iterator[Source]:
