@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from ncclforensics.ingest.discover import display_name
 from ncclforensics.model import Diagnosis, Evidence, Finding, RootCause, RunFacts
 from ncclforensics.rules import engine
 from ncclforensics.rules.context import Context, extra
+from ncclforensics.severalruns import several_runs_check, several_runs_warning  # noqa: F401 (analyze_path, callers)
 
 
 @dataclass
@@ -41,14 +40,6 @@ def analyze_path(path: str | Path | list[str | Path], *, progress=None, check_ru
     return analysis
 
 
-def several_runs_check(path: str | Path | list[str | Path]) -> Callable[[], str | None] | None:
-    """Whether the folder `path` holds several runs, as work for build_events' `aside` (done beside
-    the reading); None where there is nothing to check: several paths, standard input."""
-    if isinstance(path, list) or str(path) == "-":
-        return None
-    return functools.partial(several_runs_warning, Path(path))
-
-
 def note_several_runs(analysis: Analysis) -> str | None:
     """The check's warning when the folder's logs tell several runs apart (several_runs_check, done
     beside the reading), put first in the run's notes (the report's verdict card) and in
@@ -61,20 +52,6 @@ def note_several_runs(analysis: Analysis) -> str | None:
         analysis.diagnosis.facts.notes.insert(0, warning)
     analysis.several_runs = warning
     return warning
-
-
-def several_runs_warning(path: Path) -> str | None:
-    """"this folder looks like N runs (…)" when the logs under a folder tell several runs apart."""
-    if not path.is_dir():
-        return None
-    from ncclforensics.scan.discover import several_runs
-
-    runs = several_runs(path)
-    if len(runs) < 2:
-        return None
-    shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
-    return (f"this folder looks like {len(runs)} runs ({shown}); analyzing them as one — "
-            "use `ncclforensics scan` to get one verdict per run")
 
 
 def looks_like_logs(res: IngestResult) -> bool:

@@ -104,13 +104,15 @@ def _imports_done() -> None:
 def _read_run(paths: list[str], progress: Progress, jobs: int = 1, aside=None):
     """build_events over the paths of one run (`aside`: work beside the reading, build_events);
     NoInputError when nothing in them is a log."""
-    from ncclforensics.analysis import looks_like_logs, no_input_message
     from ncclforensics.events import build_events
 
     _imports_done()
     if "-" in paths and sys.stdin is not None and sys.stdin.isatty() and progress.enabled:
         err("ncclforensics: reading a log from standard input; end it with Ctrl-D")
     res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read, jobs=jobs, aside=aside)
+    # imported once read: the table's modules (polars) load while forked processes read (events._read_shared)
+    from ncclforensics.analysis import looks_like_logs, no_input_message
+
     if not looks_like_logs(res):
         raise NoInputError(no_input_message(_label(paths), res))
     return res
@@ -170,8 +172,7 @@ def events(
 @_reads_run
 def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bool, color: ColorMode,
             limit: int | None, filters: dict, jobs: int | None = None) -> None:
-    from ncclforensics import eventview, outpaths
-    from ncclforensics.analysis import no_input_message
+    from ncclforensics import outpaths
     from ncclforensics.events import build_events
 
     if fmt is EventFormat.parquet and output in (None, outpaths.STDOUT):
@@ -182,6 +183,9 @@ def _events(paths: list[str], *, fmt: EventFormat, output: str | None, quiet: bo
         res = build_events(paths if len(paths) > 1 else paths[0], progress=progress.read, jobs=_jobs(jobs))
     finally:
         progress.close()
+    from ncclforensics import eventview  # once read (_read_run: polars loads while forked processes read)
+    from ncclforensics.analysis import no_input_message
+
     if res.files == 0 and res.events.is_empty():
         raise NoInputError(no_input_message(_label(paths), res))
     flt = eventview.EventFilter.parse(res.events, **filters)
@@ -247,8 +251,8 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
              quiet: bool, color: ColorMode, fail_on: str | None, context: int | None = None,
              jobs: int | None = None) -> int:
     from ncclforensics import outpaths
-    from ncclforensics.analysis import analyze_events, note_several_runs, several_runs_check
     from ncclforensics.outputs import FORMATS, DocFormat, Inputs, context_lines, render, reproducer
+    from ncclforensics.severalruns import several_runs_check
 
     fail = _fail_on(fail_on)
     to_stdout = [name for name, on in (("--json", as_json), ("--md", as_md), ("--html -", html == "-")) if on]
@@ -275,6 +279,8 @@ def _analyze(paths: list[str], *, as_json: bool, as_md: bool, html: str | None, 
         # the several-runs check is done beside the reading (in a reading process when there are several)
         res = _read_run(paths, progress, _jobs(jobs), several_runs_check(paths[0] if len(paths) == 1 else paths))
         progress.phase(f"diagnosing {plural(res.events.height, 'event')}")
+        from ncclforensics.analysis import analyze_events, note_several_runs
+
         analysis = analyze_events(res)
         if res.aside is not None:
             progress.phase("checking whether the folder holds several runs")

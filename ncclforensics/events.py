@@ -8,29 +8,32 @@ file, and ingest.table makes the table of every file's rows.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import polars as pl
+from typing import TYPE_CHECKING
 
 from ncclforensics.errors import UnsafeInputError
 from ncclforensics.ingest import decode, shares
 from ncclforensics.ingest.discover import STDIN_NAME, Root, roots_of, run_name
 from ncclforensics.ingest.items import ChunkRead, Note, RootStart, Skip, SourceEnd, TailRead, UnitStart
 from ncclforensics.ingest.reader import Reader
-from ncclforensics.ingest.table import event_table
-from ncclforensics.model import EVENT_SCHEMA, Skipped
+from ncclforensics.model import Skipped
 from ncclforensics.parse.lines import KEEP_PROGRESS, FileContext, LineScanner
 from ncclforensics.parse.prefilter import NUMPY_MIN, NUMPY_RUN_BYTES, numpy_module
 from ncclforensics.parse.signatures import load_signatures
 
+if TYPE_CHECKING:
+    import polars as pl
+
 
 @dataclass
 class IngestResult:
-    """The event table of a run and what reading it took."""
+    """The event table of a run and what reading it took (`events` is None only while it is read:
+    the reading processes make rows, never a table, and never import polars)."""
 
     run: str
     events: pl.DataFrame
@@ -188,7 +191,7 @@ def _read_claimed(roots: list[Root], run: str, progress: Callable[[str, int], No
 
 
 def _new_books(run: str) -> _Books:
-    return _Books(IngestResult(run=run, events=pl.DataFrame(schema=EVENT_SCHEMA)))
+    return _Books(IngestResult(run=run, events=None))  # type: ignore[arg-type]  # made by finish()
 
 
 def _taker(scanner: LineScanner, books: Callable[[], _Books | None], progress: Callable[[str, int], None] | None):
@@ -211,6 +214,7 @@ def _taker(scanner: LineScanner, books: Callable[[], _Books | None], progress: C
 
 
 SHARE_MIN_BYTES = shares.SHARE_MIN_BYTES  # tests lower it
+_TABLE_MODULE = "ncclforensics.ingest.table"  # the event table's (polars): only where the table is made
 
 
 def _read_shared(roots: list[Root], run: str, plan: shares.Plan,
@@ -227,6 +231,10 @@ def _read_shared(roots: list[Root], run: str, plan: shares.Plan,
 
     # the work beside goes to the last process only where a forked process may run it
     aside_there = beside is not None and forked_may_use_polars()
+    if aside_there:
+        # the work beside needs polars too (the several-runs check reads identities with it): imported
+        # once here, before forking, rather than by both processes
+        importlib.import_module(_TABLE_MODULE)
     table = mp.Array("i", [-1] * len(plan))  # unit -> the process that claimed it
     units = list(plan)
 
@@ -245,6 +253,10 @@ def _read_shared(roots: list[Root], run: str, plan: shares.Plan,
         send.close()
         workers.append((proc, recv, task))
     try:
+        # what only this process needs (the table's modules, polars among them: ~0.2 s), imported while
+        # the forked readers read: they claim the units this one would have read meanwhile
+        importlib.import_module(_TABLE_MODULE)
+
         read = _read_claimed(roots, run, progress, shares.Claims(units, table, 0))
         mine = set(read)  # their bytes were shown as they were read
         for proc, recv, task in workers:
@@ -433,6 +445,8 @@ class _Books:
             self._source_done(_joined(sorted(parts, key=lambda e: e.part)))
         self.parts.clear()
         self.result.skipped = [s for key in sorted(self.skips) for s in self.skips[key]]
+        from ncclforensics.ingest.table import event_table
+
         rows = [r for c in self.files for r in c.rows + [p for ps in c.progress.values() for p in ps]]
         self.result.events, self.result.year_source = event_table(rows, self.result.run, self.mtimes)
         return self.result

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 SOURCES = (
     "nccl", "c10d", "gloo", "torch_detail", "torchrun", "dataloader", "cuda",
@@ -14,44 +16,48 @@ SOURCES = (
     "launcher",  # launchers other than torchrun: mp.spawn, DeepSpeed, Lightning, mpirun (FORMATS.md §18)
 )
 
-# Column -> dtype of the one event table (DESIGN.md §2). `group_rank` and `extra` are our
-# additions: the rank inside the process group a c10d message names, and a JSON object of
-# the typed fields a signature captures that have no column of their own.
-EVENT_SCHEMA: dict[str, pl.DataType] = {
-    "run": pl.Utf8,
-    "file": pl.Utf8,
-    "line": pl.UInt32,
-    "ts": pl.Datetime("us", "UTC"),
-    "host": pl.Utf8,
-    "rank": pl.Int32,
-    "local_rank": pl.Int32,
-    "group_rank": pl.Int32,
-    "pg": pl.Utf8,
-    "pid": pl.Int64,
-    "source": pl.Enum(list(SOURCES)),
-    "kind": pl.Categorical(),
-    "seq": pl.Int64,
-    "op": pl.Utf8,
-    "numel_in": pl.Int64,
-    "numel_out": pl.Int64,
-    "timeout_ms": pl.Int64,
-    "elapsed_ms": pl.Int64,
-    "code": pl.Int64,
-    "detail": pl.Utf8,
-    "extra": pl.Utf8,
-    "text": pl.Utf8,
+# The columns of the one event table (DESIGN.md §2), known without polars: a process that only reads
+# logs (events._read_shared's forked readers) never imports it. `group_rank` and `extra` are our
+# additions: the rank inside the process group a c10d message names, and a JSON object of the typed
+# fields a signature captures that have no column of their own. Their dtypes, EVENT_SCHEMA, and
+# INT_COLUMNS are made on first use (the module's __getattr__).
+EVENT_COLUMNS = (
+    "run", "file", "line", "ts", "host", "rank", "local_rank", "group_rank", "pg", "pid", "source", "kind", "seq",
+    "op", "numel_in", "numel_out", "timeout_ms", "elapsed_ms", "code", "detail", "extra", "text",
     # what the row is evidence of, from its signature file (ncclforensics.vocabulary, DESIGN.md §3):
     # derived when the table is built, never emitted by a parser
-    "class": pl.Utf8,
-    "role": pl.Utf8,
-    "strength": pl.Int8,
-    "phase": pl.Utf8,
-}
+    "class", "role", "strength", "phase",
+)
 MEANING_COLUMNS = ("class", "role", "strength", "phase")
 
-INT_COLUMNS = frozenset(
-    c for c, t in EVENT_SCHEMA.items() if t in (pl.Int32, pl.Int64, pl.UInt32)
-)
+
+def _event_schema() -> dict[str, pl.DataType]:
+    """Column -> dtype, in EVENT_COLUMNS' order."""
+    import polars as pl
+
+    types = {
+        "line": pl.UInt32, "ts": pl.Datetime("us", "UTC"), "rank": pl.Int32, "local_rank": pl.Int32,
+        "group_rank": pl.Int32, "pid": pl.Int64, "source": pl.Enum(list(SOURCES)), "kind": pl.Categorical(),
+        "seq": pl.Int64, "numel_in": pl.Int64, "numel_out": pl.Int64, "timeout_ms": pl.Int64,
+        "elapsed_ms": pl.Int64, "code": pl.Int64, "strength": pl.Int8,
+    }
+    return {name: types.get(name, pl.Utf8) for name in EVENT_COLUMNS}
+
+
+def __getattr__(name: str) -> object:
+    """EVENT_SCHEMA and INT_COLUMNS, made (importing polars) on first use."""
+    if name == "EVENT_SCHEMA":
+        value: object = _event_schema()
+    elif name == "INT_COLUMNS":
+        import polars as pl
+
+        value = frozenset(c for c, t in _event_schema().items() if t in (pl.Int32, pl.Int64, pl.UInt32))
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
 TEXT_LIMIT = 2000  # characters of a raw line kept in `text`
 
 
@@ -171,6 +177,8 @@ def extra_field(key: str) -> pl.Expr:
     """The `extra` column's top-level `key` as text (null where absent), an expression over the event
     table. Only the rows whose JSON holds `"key"` are parsed: most rows carry an `extra` of other
     names ({"attempt": 0} on every row of a --log-dir tree), and a parse a row is the cost."""
+    import polars as pl
+
     x = pl.col("extra")
     return pl.when(x.str.contains(f'"{key}"', literal=True)).then(x).str.json_path_match(f"$.{key}")
 

@@ -15,10 +15,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from ncclforensics.analysis import Analysis
-
-if TYPE_CHECKING:  # read from the logs only when a format shows context lines
-    from ncclforensics.incident import IncidentContext
+if TYPE_CHECKING:
+    from ncclforensics.analysis import Analysis
+    from ncclforensics.incident import IncidentContext  # read from the logs only when a format shows context lines
 
 MD_CONTEXT_LINES = 3  # lines around each evidence line in --md and report.md, unless -C says otherwise
 HTML_CONTEXT_LINES = 10  # lines above and below each evidence line in the report (collapsed there)

@@ -441,6 +441,37 @@ def test_numpy_is_imported_before_forking_only_for_a_run_that_will_count_with_it
     assert out[1].strip() == ("[False]" if big == "none" else "[True]")
 
 
+@pytest.mark.parametrize("aside", [False, True])
+def test_forked_readers_import_polars_only_for_the_work_beside(tmp_path, aside):
+    """The reading processes make rows, never a table: a shared reading forks them before polars is
+    imported (the parent imports the table's modules while they read), unless one of them also does
+    the work beside the reading (the several-runs check, which uses polars): then it is imported
+    once, before forking. The table is the same either way."""
+    import subprocess
+    import sys
+
+    run = _mixed_folder(tmp_path)
+    check = "lambda: 'checked'" if aside else "None"
+    code = ("import sys; from ncclforensics import events; events.SHARE_MIN_BYTES = 1; "
+            "forks = []; "
+            "import multiprocessing.context as c; real = c.ForkProcess._Popen; "
+            "c.ForkProcess._Popen = staticmethod(lambda p: (forks.append('polars' in sys.modules), real(p))[1]); "
+            f"res = events.build_events({str(run)!r}, jobs=2, aside={check}); "
+            "print(res.events.height, forks, res.aside.result() if res.aside else None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
+    assert int(out[0]) == events.build_events(run, jobs=1).events.height
+    assert out[1].strip() == ("[True] checked" if aside else "[False] None")
+
+
+def test_event_columns_are_the_schemas():
+    """model.EVENT_COLUMNS (the names, known without polars) are EVENT_SCHEMA's, in its order."""
+    from ncclforensics import model
+
+    assert model.EVENT_COLUMNS == tuple(model.EVENT_SCHEMA)
+    assert set(model.MEANING_COLUMNS) <= set(model.EVENT_COLUMNS)
+    assert model.INT_COLUMNS <= set(model.EVENT_COLUMNS)
+
+
 def prefilter_min() -> int:
     from ncclforensics.parse.prefilter import NUMPY_MIN
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ncclforensics.ingest.envelope import ANSI, ENVELOPE_CHARS, ENVELOPE_STARTS, Envelope, peel, peel_all, plain
-from ncclforensics.model import EVENT_SCHEMA, MEANING_COLUMNS, TEXT_LIMIT
+from ncclforensics.model import EVENT_COLUMNS, MEANING_COLUMNS, TEXT_LIMIT
 from ncclforensics.parse import blocks
 from ncclforensics.parse.prefilter import LiteralSet, count_newlines
 from ncclforensics.parse.signatures import SignatureSet
@@ -87,9 +87,9 @@ class _Lines(list):
         return i < len(self)
 
 
-def _column_value(name: str, value: object) -> bool:
-    return name in EVENT_SCHEMA and name not in ("file", "line", "text", "source", "kind", "run", "extra",
-                                                 *MEANING_COLUMNS)
+# the columns a signature's typed field goes into (the others go into `extra`)
+_FIELD_COLUMNS = frozenset(EVENT_COLUMNS) - {"file", "line", "text", "source", "kind", "run", "extra", *MEANING_COLUMNS}
+
 
 
 class LineScanner:
@@ -480,7 +480,7 @@ def emit_row(ctx: FileContext, source: str, kind: str, fields: dict, env: Envelo
                  "text": text[:TEXT_LIMIT]}
     extra = {}
     for k, v in fields.items():
-        if _column_value(k, v):
+        if k in _FIELD_COLUMNS:
             row[k] = v
         else:
             extra[k] = v
