@@ -257,3 +257,31 @@ def test_rules_make_dicts_of_the_rows_they_read_only():
     assert len(eager.all_rows) == big.height  # every row a dict before any detector runs
     assert [(f.rule, f.root_cause, f.culprit_ranks, f.confidence) for f in engine.evaluate(eager).findings] == [
         (f.rule, f.root_cause, f.culprit_ranks, f.confidence) for f in found]
+
+
+def _inputs_with_facts() -> list[Path]:
+    """Real incidents (../shared/corpus-real, read in place), the sample run and the fixture pastes."""
+    here = Path(__file__).resolve().parent
+    real = here.parent.parent / "shared" / "corpus-real"
+    cases = sorted(p.parent for p in real.glob("*/label.json"))
+    return [*cases, here.parent / "sample_logs", *sorted((here / "fixtures" / "pastes").glob("*"))]
+
+
+def test_facts_read_from_columns_equal_their_row_definitions():
+    """Context facts that large runs read from the columns (a timeout row a rank) equal the same facts
+    read from the rows as dicts: whether the run trained, the first symptoms, what the other ranks did."""
+    inputs = _inputs_with_facts()
+    assert len(inputs) > 10
+    trained = 0
+    for path in inputs:
+        ctx = Context.build(build_events(path).events)
+        assert ctx.training_started == bool(ctx._training_signs), path
+        trained += ctx.training_started
+        rows = ctx.symptoms()
+        assert ctx.first_symptoms(3) == rows[:3], path
+        ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
+        for culprits in ([], ranks[:1], ranks[1:], ranks):
+            others = [r for r in rows if r["rank"] not in culprits]
+            want = ({r["kind"] for r in others}, sorted({r["rank"] for r in others if r["rank"] is not None}))
+            assert ctx.symptoms_apart_from(culprits) == want, (path, culprits)
+    assert 0 < trained < len(inputs)  # both answers occur

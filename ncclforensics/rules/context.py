@@ -13,6 +13,8 @@ from ncclforensics.model import MEANING_COLUMNS, RootCause, json_object
 from ncclforensics.vocabulary import EvidenceRole, Strength, vocabulary
 
 CAUSE, SYMPTOM = EvidenceRole.CAUSE.value, EvidenceRole.SYMPTOM.value
+# rows that show the run trained, whatever their role (Context._training_signs)
+_TRAINING_KINDS = ["fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report"]
 
 
 def extra(row: dict) -> dict:
@@ -184,6 +186,17 @@ class Context:
     def symptoms(self, cls: RootCause | None = None) -> list[dict]:
         return [r for r in self._by_role.get(SYMPTOM, ()) if cls is None or r["class"] == cls.value]
 
+    def first_symptoms(self, n: int) -> list[dict]:
+        """symptoms()[:n], making no other row a dict (a large run has a timeout row a rank and more)."""
+        return self._rows_at(self._by_role.positions(SYMPTOM)[:n])
+
+    def symptoms_apart_from(self, ranks: list[int]) -> tuple[set[str], list[int]]:
+        """The kinds of the symptom rows whose rank is not one of `ranks` (rows without a rank count), and
+        the ranks they carry: what the other ranks did, read from the columns."""
+        other = (pl.col("role") == SYMPTOM) & (pl.col("rank").is_null() | ~pl.col("rank").is_in(list(ranks)))
+        rows = self.events.filter(other.fill_null(False)).select("kind", "rank")
+        return set(rows["kind"].to_list()), sorted(rows["rank"].drop_nulls().unique().to_list())
+
     # -- facts -------------------------------------------------------------------------
     @cached_property
     def ranks_seen(self) -> list[int]:
@@ -256,14 +269,19 @@ class Context:
 
     @cached_property
     def training_started(self) -> bool:
-        """Any sign that a collective completed or a step ran: a failure after this is no init failure."""
-        return bool(self._training_signs)
+        """Any sign that a collective completed or a step ran: a failure after this is no init failure.
+        Whether _training_signs has a row, read from the columns (a large run has a progress row a rank)."""
+        kind = pl.col("kind")
+        sign = (((pl.col("role") == EvidenceRole.PROGRESS.value) & (kind != "fr_pg"))
+                | kind.is_in(_TRAINING_KINDS)
+                | (kind.is_in(["watchdog_timeout", "watchdog_status"]) & (pl.col("seq") > 2)))
+        return bool(self.events.select(sign.fill_null(False).any()).item())
 
     @cached_property
     def _training_signs(self) -> list[dict]:
         """The signs of training: progress, a fingerprint or a save, a timeout past SeqNum 2."""
         signs = [r for r in self._by_role.get(EvidenceRole.PROGRESS.value, ()) if r["kind"] != "fr_pg"]
-        signs += self.rows("fingerprint_mismatch", "ckpt_save", "ckpt_saved", "desync_report")
+        signs += self.rows(*_TRAINING_KINDS)
         return signs + [r for r in self.rows("watchdog_timeout", "watchdog_status")
                         if r["seq"] is not None and r["seq"] > 2]
 
@@ -350,6 +368,10 @@ class _RoleRows:
         self._ctx = ctx
         self._at = at
         self._rows: dict[str | None, list[dict]] = {}
+
+    def positions(self, role: str | None) -> list[int]:
+        """The table positions of the role's rows (no row made a dict)."""
+        return self._at.get(role, [])
 
     def get(self, role: str | None, default=()) -> list[dict]:
         rows = self._rows.get(role)

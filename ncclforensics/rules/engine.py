@@ -183,7 +183,7 @@ def unknown_finding(ctx: Context) -> Finding:
     """The verdict when no rule explains the run: say what would settle it; never invent a culprit."""
     s = ctx.stuck
     ws = ctx.world_size
-    if not ctx.causes() and not ctx.symptoms():
+    if not ctx.causes() and not ctx.first_symptoms(1):
         why = ("No line here shows a failure (no error, timeout, crash or kernel fault): the logs may end "
                "before it, or hold only the launcher's output.")
         need = ("the end of every rank's log (torchrun --log-dir or --tee output) and each host's kernel log "

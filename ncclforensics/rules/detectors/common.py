@@ -96,11 +96,9 @@ def rank_fields(ranks: list[int]) -> dict[str, str]:
 def aftermath(ctx: Context, culprits: list[int]) -> str:
     """What the logs show the other ranks did next, in one sentence, or '' when they show nothing:
     a narrative claims only what the logs hold."""
-    rows = [r for r in ctx.symptoms() if r["rank"] not in culprits]
-    if not rows:
+    kinds, ranks = ctx.symptoms_apart_from(culprits)
+    if not kinds:
         return ""
-    kinds = {r["kind"] for r in rows}
-    ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
     subject = who(ranks) if ranks else "Other ranks"
     if kinds & {"watchdog_timeout", "gloo_timeout", "watchdog_status", "monitored_barrier", "desync_report"}:
         what = "timed out waiting in a collective"

@@ -48,7 +48,7 @@ def class_evidence(ctx: Context, cls: str) -> list[Hit]:
     else:
         culprits, factor, notes = attribute(ctx, best)
     first = best[0]
-    return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + ctx.symptoms()[:3]), ts=earliest_ts(best),
+    return [Hit(culprits=culprits, evidence=ctx.evidence_rows(rows + ctx.first_symptoms(3)), ts=earliest_ts(best),
                 collective=stuck_collective(ctx), confidence=STRENGTH_CONFIDENCE[top] * factor, notes=notes,
                 fields={**rank_fields(culprits), "what": (first.get("detail") or first["text"] or "")[:240],
                         "aftermath": aftermath(ctx, culprits),

@@ -32,8 +32,8 @@ def current_kernel_rows(ctx: Context, rows: list[dict]) -> tuple[list[dict], lis
     start = ctx.events.filter(pl.col("source") != "kernel")["ts"].min()  # the run's first line of its own
     if start is None:
         return rows, []
-    timeouts = [r["timeout_ms"] for r in ctx.rows("watchdog_timeout") if r.get("timeout_ms")]
-    margin = dt.timedelta(seconds=max(STALE_KERNEL_S, 2 * max(timeouts, default=0) / 1000))
+    longest = ctx.events.filter(pl.col("kind") == "watchdog_timeout")["timeout_ms"].max()  # a column: no dicts
+    margin = dt.timedelta(seconds=max(STALE_KERNEL_S, 2 * (longest or 0) / 1000))
     keep = [r for r in rows if r["source"] != "kernel" or r["ts"] is None or r["ts"] >= start - margin]
     notes = [f"{r['file']}:{r['line']}: a GPU fault at {r['ts']:%Y-%m-%d %H:%M} is "
              f"{(start - r['ts']).total_seconds() / 3600:.0f} h older than the run's first line; "
