@@ -143,24 +143,49 @@ class _Dir:
 
 
 def _walk(root: Path, skip: Path | None) -> dict[Path, _Dir]:
-    """Every folder under root (symlinks not followed) with its regular files' stats."""
+    """Every folder under root (symlinks not followed) with its regular files' stats, in os.walk's
+    top-down order; by os.scandir (a file's type from its directory entry, one lstat a file)."""
     tree: dict[Path, _Dir] = {}
     skip_real = os.path.realpath(skip) if skip is not None else None
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        here = Path(dirpath)
+    top = os.fspath(root)
+    stack: list[tuple[str, Path]] = [(top, Path(top))]
+    while stack:
+        dirpath, here = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                listed = list(it)
+        except OSError:
+            continue  # os.walk leaves out a folder it cannot list
+        dirnames: list[str] = []
+        entries: list[os.DirEntry] = []
+        for e in listed:
+            try:
+                is_dir = e.is_dir()  # follows a symlink, as os.walk does
+            except OSError:
+                is_dir = False
+            if is_dir:
+                dirnames.append(e.name)
+            else:
+                entries.append(e)
         if skip_real is not None:
-            dirnames[:] = [d for d in dirnames if os.path.realpath(here / d) != skip_real]
+            dirnames = [d for d in dirnames if os.path.realpath(here / d) != skip_real]
         dirnames.sort()
         files = []
-        for fname in sorted(filenames):
+        for e in sorted(entries, key=_entry_name):
             try:
-                st = os.lstat(here / fname)
+                st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                files.append((fname, st.st_size, st.st_mtime_ns))
-        tree[here] = _Dir(files, [d for d in dirnames if not os.path.islink(here / d)])
+                files.append((e.name, st.st_size, st.st_mtime_ns))
+        real = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        tree[here] = _Dir(files, real)
+        stack.extend((os.path.join(dirpath, d), here / d) for d in reversed(real))
     return tree
+
+
+def _entry_name(e: os.DirEntry) -> str:
+    return e.name
 
 
 @dataclass
