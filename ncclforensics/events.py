@@ -113,6 +113,9 @@ class Aside:
         mp = _fork_context()
         if mp is None or not forked_may_use_polars():
             return
+        # the work uses polars (the several-runs check reads identities with it), and so does this
+        # process's table: imported once, before forking, rather than by both
+        importlib.import_module(_TABLE_MODULE)
         recv, send = mp.Pipe(duplex=False)
         proc = mp.Process(target=_aside_worker, args=(self.task, send), daemon=True, name="ncclforensics-aside")
         try:

@@ -441,18 +441,19 @@ def test_numpy_is_imported_before_forking_only_for_a_run_that_will_count_with_it
     assert out[1].strip() == ("[False]" if big == "none" else "[True]")
 
 
-@pytest.mark.parametrize("aside", [False, True])
-def test_forked_readers_import_polars_only_for_the_work_beside(tmp_path, aside):
+@pytest.mark.parametrize(("aside", "shared"), [(False, True), (True, True), (True, False)])
+def test_forked_readers_import_polars_only_for_the_work_beside(tmp_path, aside, shared):
     """The reading processes make rows, never a table: a shared reading forks them before polars is
     imported (the parent imports the table's modules while they read), unless one of them also does
     the work beside the reading (the several-runs check, which uses polars): then it is imported
-    once, before forking. The table is the same either way."""
+    once, before forking; so it is for the process a run too small to share forks for that work
+    alone. The table is the same either way."""
     import subprocess
     import sys
 
     run = _mixed_folder(tmp_path)
     check = "lambda: 'checked'" if aside else "None"
-    code = ("import sys; from ncclforensics import events; events.SHARE_MIN_BYTES = 1; "
+    code = (f"import sys; from ncclforensics import events; events.SHARE_MIN_BYTES = {1 if shared else 10**12}; "
             "forks = []; "
             "import multiprocessing.context as c; real = c.ForkProcess._Popen; "
             "c.ForkProcess._Popen = staticmethod(lambda p: (forks.append('polars' in sys.modules), real(p))[1]); "
