@@ -263,7 +263,7 @@ def _role(d: Path, root: Path, tree: dict[Path, _Dir]) -> str:
     name = d.name
     if _ATTEMPT.match(name) or _PART_OF_RUN.match(name):
         return "part"
-    if any(_ATTEMPT.match(p.name) for p in d.relative_to(root).parents if p.name):
+    if any(_ATTEMPT.match(name) for name in _parts_below(d, root)[:-1]):
         return "part"  # anything below an attempt_N folder
     node = tree.get(d)
     if node is not None and any(_ATTEMPT.match(s) for s in node.subdirs):
@@ -271,6 +271,11 @@ def _role(d: Path, root: Path, tree: dict[Path, _Dir]) -> str:
     if _HOST_DIR.match(name):
         return "host"
     return "plain"
+
+
+def _parts_below(d: Path, root: Path) -> tuple[str, ...]:
+    """d.relative_to(root).parts, for a folder of root's walk (its path starts with root's parts)."""
+    return d.parts[len(root.parts):]
 
 
 class _Grouper:
@@ -283,7 +288,7 @@ class _Grouper:
         # every log file's identity: from the cache when its size and mtime are unchanged, the others
         # sampled in one batch (identity.identities)
         logs = [(d / f, f, size, mtime) for d, node in tree.items()
-                if not any(p.startswith(".") for p in d.relative_to(root).parts)
+                if not any(p.startswith(".") for p in _parts_below(d, root))
                 for f, size, mtime in node.files if is_log_file(f)]
         self.idents: dict[Path, Identity] = {}
         todo = []
@@ -351,7 +356,7 @@ class _Grouper:
     # -- grouping --------------------------------------------------------------------------------
     def _groups(self, d: Path, items: list[_Item]) -> list[tuple[list[_Item], list[str]]]:
         """Items -> groups (each a run), with the reasons."""
-        if any(_ATTEMPT.match(p.name) for p in (d, *d.parents)):
+        if any(_ATTEMPT.match(name) for name in d.parts):  # d or a folder above it
             # one torchrun attempt (FORMATS.md §2.2): its workers' stdout/stderr are one run even when a
             # hang leaves hours between a worker's last print and its timeout report
             return [(items, [f"one run: the files of {d.name}/ in a torchrun attempt_N folder"])]
