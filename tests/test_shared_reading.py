@@ -468,9 +468,9 @@ def test_event_columns_are_the_schemas():
     """model.EVENT_COLUMNS (the names, known without polars) are EVENT_SCHEMA's, in its order."""
     from ncclforensics import model
 
-    assert model.EVENT_COLUMNS == tuple(model.EVENT_SCHEMA)
+    assert tuple(model.EVENT_SCHEMA) == model.EVENT_COLUMNS
     assert set(model.MEANING_COLUMNS) <= set(model.EVENT_COLUMNS)
-    assert model.INT_COLUMNS <= set(model.EVENT_COLUMNS)
+    assert set(model.EVENT_COLUMNS) >= model.INT_COLUMNS
 
 
 def prefilter_min() -> int:
