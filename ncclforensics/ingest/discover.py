@@ -187,20 +187,10 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
     stack: list[tuple[str, Path, str]] = [(os.fspath(root), root, "")]  # (folder, as a Path, its name + "/")
     while stack:
         dirpath, dpath, rel_dir = stack.pop()
-        try:
-            with os.scandir(dirpath) as it:
-                listed = list(it)
-        except OSError:
+        listed = list_folder(dirpath)
+        if listed is None:
             continue  # os.walk's onerror=None: a folder that cannot be listed is left out
-        dirs: list[os.DirEntry] = []
-        files: list[os.DirEntry] = []
-        for e in listed:
-            try:
-                is_dir = e.is_dir()  # follows a symlink, as os.walk does
-            except OSError:
-                is_dir = False
-            (dirs if is_dir else files).append(e)
-        dirs.sort(key=_entry_name)
+        dirs, files = listed
         try:
             dst = os.stat(dirpath)
             key = (dst.st_dev, dst.st_ino)
@@ -215,7 +205,7 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
         linked = [d for d in dirs if os.path.islink(d.path)]
         for d in linked:
             yield entry(0, None, one(Source(rel_dir + d.name, None, None, None, "symlink to a folder (not followed)")))
-        for f in sorted(files, key=_entry_name):
+        for f in files:
             rel = rel_dir + f.name
             count += 1
             if count > MAX_FILES:
@@ -240,6 +230,27 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
             full = dpath / f.name
             yield entry(st.st_size, full, lambda full=full, rel=rel, st=st: _open_file(full, rel, st))
         stack.extend((d.path, dpath / d.name, f"{rel_dir}{d.name}/") for d in reversed(dirs) if d not in linked)
+
+
+def list_folder(path: str) -> tuple[list[os.DirEntry], list[os.DirEntry]] | None:
+    """A folder's entries as os.walk splits them, each list sorted by name: folders (a symlink to one
+    among them: is_dir follows it, as os.walk does) and the rest; None when it cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            listed = list(it)
+    except OSError:
+        return None
+    dirs: list[os.DirEntry] = []
+    other: list[os.DirEntry] = []
+    for e in listed:
+        try:
+            is_dir = e.is_dir()
+        except OSError:
+            is_dir = False
+        (dirs if is_dir else other).append(e)
+    dirs.sort(key=_entry_name)
+    other.sort(key=_entry_name)
+    return dirs, other
 
 
 def _entry_name(e: os.DirEntry) -> str:

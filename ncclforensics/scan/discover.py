@@ -71,7 +71,7 @@ from pathlib import Path
 from ncclforensics.atomic import atomic_write
 from ncclforensics.errors import UsageError
 from ncclforensics.ingest import archive
-from ncclforensics.ingest.discover import display_name
+from ncclforensics.ingest.discover import display_name, list_folder
 from ncclforensics.ingest.filekinds import NOT_LOG_SUFFIXES
 from ncclforensics.scan.identity import (
     DOC_NAMES,
@@ -151,27 +151,14 @@ def _walk(root: Path, skip: Path | None) -> dict[Path, _Dir]:
     stack: list[tuple[str, Path]] = [(top, Path(top))]
     while stack:
         dirpath, here = stack.pop()
-        try:
-            with os.scandir(dirpath) as it:
-                listed = list(it)
-        except OSError:
+        listed = list_folder(dirpath)
+        if listed is None:
             continue  # os.walk leaves out a folder it cannot list
-        dirnames: list[str] = []
-        entries: list[os.DirEntry] = []
-        for e in listed:
-            try:
-                is_dir = e.is_dir()  # follows a symlink, as os.walk does
-            except OSError:
-                is_dir = False
-            if is_dir:
-                dirnames.append(e.name)
-            else:
-                entries.append(e)
+        dirnames = [d.name for d in listed[0]]
         if skip_real is not None:
             dirnames = [d for d in dirnames if os.path.realpath(here / d) != skip_real]
-        dirnames.sort()
         files = []
-        for e in sorted(entries, key=_entry_name):
+        for e in listed[1]:
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
@@ -183,9 +170,6 @@ def _walk(root: Path, skip: Path | None) -> dict[Path, _Dir]:
         stack.extend((os.path.join(dirpath, d), here / d) for d in reversed(real))
     return tree
 
-
-def _entry_name(e: os.DirEntry) -> str:
-    return e.name
 
 
 @dataclass
