@@ -15,7 +15,7 @@ from ncclforensics.ingest.discover import display_name
 from ncclforensics.model import Diagnosis, Evidence, Finding, RootCause, RunFacts
 from ncclforensics.rules import engine
 from ncclforensics.rules.context import Context, extra
-from ncclforensics.severalruns import several_runs_check, several_runs_warning  # noqa: F401 (analyze_path, callers)
+from ncclforensics.severalruns import several_runs_check
 
 
 @dataclass

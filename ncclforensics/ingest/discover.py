@@ -191,18 +191,19 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
         if listed is None:
             continue  # os.walk's onerror=None: a folder that cannot be listed is left out
         dirs, files = listed
+        # os.walk lists a symlink to a folder among the folders and, not following it, drops it
+        # silently: say so, like a file symlink that is not followed.
+        linked = [d for d in dirs if os.path.islink(d.path)]
+        below = [(d.path, dpath / d.name, f"{rel_dir}{d.name}/") for d in reversed(dirs) if d not in linked]
         try:
             dst = os.stat(dirpath)
             key = (dst.st_dev, dst.st_ino)
         except OSError:
-            stack.extend((d.path, dpath / d.name, f"{rel_dir}{d.name}/") for d in reversed(dirs))
+            stack.extend(below)
             continue
         if key in seen_dirs:
             continue
         seen_dirs.add(key)
-        # os.walk lists a symlink to a folder among the folders and, not following it, drops it
-        # silently: say so, like a file symlink that is not followed.
-        linked = [d for d in dirs if os.path.islink(d.path)]
         for d in linked:
             yield entry(0, None, one(Source(rel_dir + d.name, None, None, None, "symlink to a folder (not followed)")))
         for f in files:
@@ -229,7 +230,7 @@ def _walk(root: Path, owned: Owned | None = None) -> Iterator[Entry]:
                 continue
             full = dpath / f.name
             yield entry(st.st_size, full, lambda full=full, rel=rel, st=st: _open_file(full, rel, st))
-        stack.extend((d.path, dpath / d.name, f"{rel_dir}{d.name}/") for d in reversed(dirs) if d not in linked)
+        stack.extend(below)
 
 
 def list_folder(path: str) -> tuple[list[os.DirEntry], list[os.DirEntry]] | None:

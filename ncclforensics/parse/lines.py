@@ -91,7 +91,6 @@ class _Lines(list):
 _FIELD_COLUMNS = frozenset(EVENT_COLUMNS) - {"file", "line", "text", "source", "kind", "run", "extra", *MEANING_COLUMNS}
 
 
-
 class LineScanner:
     """Scans chunks of one file; rows accumulate in the FileContext.
 

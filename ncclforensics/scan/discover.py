@@ -171,7 +171,6 @@ def _walk(root: Path, skip: Path | None) -> dict[Path, _Dir]:
     return tree
 
 
-
 @dataclass
 class Found:
     """A run the default rule found: the paths that make it, why they were grouped, what they say."""
