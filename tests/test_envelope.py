@@ -429,7 +429,8 @@ def test_a_kernel_logs_host_is_the_workers_host_its_name_ends_with(tmp_path, nam
 
 # pieces of lines that hold, nearly hold or glue envelopes (§1.5–§1.8)
 _PIECES = ["[rank3]:", "[default1]:", "[E1125 07:44:17.123456789 ", "W1122 07:44:23.407000 873 torch/x.py:12] ",
-           "step 5 ", "loss=0.7]", ":", "07:44", "[", "]", " ", "x", "12", "\r", "gpu-a:12:34 [0] NCCL INFO ", "é"]
+           "step 5 ", "loss=0.7]", ":", "07:44", "[", "]", " ", "x", "12", "\r", "gpu-a:12:34 [0] NCCL INFO ", "é",
+           "07:44:17", ".", "07:44:17.1234", "123456 ", "[rank", "[default", "E1125 "]
 
 
 @settings(max_examples=300, deadline=None)
@@ -462,3 +463,36 @@ def test_the_glued_header_test_is_never_wrong(pieces: list[str]) -> None:
     body = "".join(pieces)
     if envelope._GLUED.search(body, 1) is not None:
         assert envelope._may_glue(body)
+
+
+# pieces of lines with colour codes, codes whose ESC a paste lost, and brackets that are text (§1.8)
+_COLOURED = ["\x1b[31m", "\x1b[0m", "\x1b(B", "[1;31m", "[0m", "[10m]", "[31", "m", "[", "]", "3", ";", "[rank3]:",
+             "[E0914 ", "ERROR", " ", "\x1b", "[2K", "é", "[0] NCCL INFO "]
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_COLOURED), max_size=10))
+def test_stripping_colour_skips_only_lines_that_hold_none(pieces: list[str]) -> None:
+    """strip_ansi answers ANSI.sub("", …): it only skips the search on a line with no ESC and no `[`
+    before a digit, where no code can be."""
+    from ncclforensics.ingest.envelope import strip_ansi
+
+    line = "".join(pieces)
+    assert strip_ansi(line) == ANSI.sub("", line)
+
+
+def test_a_c10_second_is_worked_out_once_and_answers_the_same() -> None:
+    """c10 stamps (a second, no fraction) are remembered by (MMDD, hh:mm:ss): the same datetime as
+    working it out, None for a date that does not exist, and the memory stays bounded."""
+    from ncclforensics.ingest import envelope
+
+    envelope._SECONDS.clear()
+    first = envelope._mmdd("0216", "14:31:57")
+    assert first == dt.datetime(UNKNOWN_YEAR, 2, 16, 14, 31, 57) == envelope._stamp("0216", "14:31:57", 0)
+    assert envelope._mmdd("0216", "14:31:57") is first
+    assert envelope._mmdd("0230", "14:31:57") is None  # February 30th
+    assert envelope._mmdd("0230", "14:31:57") is None
+    assert envelope._mmdd("1122", "07:44:17", 428000) == dt.datetime(UNKNOWN_YEAR, 11, 22, 7, 44, 17, 428000)
+    for s in range(envelope._SECONDS_MAX + 10):
+        envelope._mmdd("0101", f"{s // 3600 % 24:02d}:{s // 60 % 60:02d}:{s % 60:02d}")
+    assert len(envelope._SECONDS) <= envelope._SECONDS_MAX

@@ -11,7 +11,7 @@ from pathlib import Path
 from ncclforensics.errors import ForensicsError
 from ncclforensics.ingest import archive, decode
 from ncclforensics.ingest.discover import Source, iter_sources, roots_of
-from ncclforensics.ingest.envelope import ANSI
+from ncclforensics.ingest.envelope import strip_ansi
 from ncclforensics.parse.prefilter import count_newlines
 
 # Reading stops after this many bytes of one run (decompressed): a line deep in a 50 GB console is not
@@ -44,7 +44,7 @@ class Excerpt:
 def clean_line(raw: bytes | str) -> str:
     """One line as safe text: UTF-8 with replacement, ANSI codes and control characters removed, cut."""
     text = decode.decode_bytes(raw) if isinstance(raw, bytes) else raw
-    text = ANSI.sub("", text.rstrip("\r\n"))
+    text = strip_ansi(text.rstrip("\r\n"))
     text = _CTRL.sub("", text.replace("\t", "    "))
     return text if len(text) <= MAX_LINE_CHARS else text[: MAX_LINE_CHARS - 1] + "…"
 

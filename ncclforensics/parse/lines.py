@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ncclforensics.ingest.envelope import ANSI, ENVELOPE_CHARS, ENVELOPE_STARTS, Envelope, peel, peel_all, plain
+from ncclforensics.ingest.envelope import ENVELOPE_CHARS, ENVELOPE_STARTS, Envelope, peel, peel_all, plain, strip_ansi
 from ncclforensics.model import EVENT_COLUMNS, MEANING_COLUMNS, TEXT_LIMIT
 from ncclforensics.parse import blocks
 from ncclforensics.parse.prefilter import LiteralSet, count_newlines
@@ -234,7 +234,7 @@ class LineScanner:
                 quiet += 1  # a line without envelope: that writer, known already (as below)
                 kept[_TAIL_PLAIN] += 1
                 continue
-            clean = ANSI.sub("", text[:MAX_LINE])
+            clean = strip_ansi(text[:MAX_LINE])
             for env in peel_all(clean):
                 who = env.rank if env.rank is not None else (env.local_rank, env.key)
                 n = kept.get(who, 0)
@@ -260,7 +260,7 @@ class LineScanner:
             e = cache.get(i)
             if e is None:
                 raw = lines[i][:MAX_LINE]
-                e = peel(ANSI.sub("", raw.replace("\r", "")) if ("\x1b" in raw or "[" in raw) else raw)
+                e = peel(strip_ansi(raw.replace("\r", "")) if ("\x1b" in raw or "[" in raw) else raw)
                 cache[i] = e
             return e
 
@@ -268,7 +268,7 @@ class LineScanner:
             if i <= consumed_until:
                 continue
             raw = lines[i][:MAX_LINE]
-            clean = ANSI.sub("", raw)
+            clean = strip_ansi(raw)
             envs = peel_all(clean)
             matched = False
             for env in envs:
@@ -289,7 +289,7 @@ class LineScanner:
                     blk, _ = blocks.parse_traceback(view, 0)
                     if blk is not None:
                         at = view.raw(blk.line_offset)
-                        self._emit_block(ctx, blk, env, line0 + at, ANSI.sub("", lines[at]))
+                        self._emit_block(ctx, blk, env, line0 + at, strip_ansi(lines[at]))
                         matched = True
                     continue
                 if blocks.CHILD_FAILED in body:
@@ -297,7 +297,7 @@ class LineScanner:
                     blks, used = blocks.parse_child_failed(view, 0)
                     for blk in blks:
                         at = view.raw(blk.line_offset)
-                        self._emit_block(ctx, blk, env, line0 + at, ANSI.sub("", lines[at]))
+                        self._emit_block(ctx, blk, env, line0 + at, strip_ansi(lines[at]))
                     consumed_until = view.raw(max(0, used - 1))
                     consumed.append((i, consumed_until))
                     matched = True
@@ -368,7 +368,7 @@ class LineScanner:
                     continue
             else:
                 i = todo.pop()
-            clean = ANSI.sub("", lines[i][:MAX_LINE])
+            clean = strip_ansi(lines[i][:MAX_LINE])
             for env in peel_all(clean):
                 who = (env.key, env.rank, env.local_rank)
                 if kept.get(who, 0) >= KEEP_PROGRESS:
@@ -406,7 +406,7 @@ class LineScanner:
             out.append((sig, fields))
         # a signature only the joined text matches (its words cut by the wrap), unless a continuation line
         # matches it alone: that line is scanned on its own
-        pieces = [ANSI.sub("", lines[i + k]) for k in range(1, n + 1)] if more else []
+        pieces = [strip_ansi(lines[i + k]) for k in range(1, n + 1)] if more else []
         for sig, fields in more.items():
             if sig.match(body) is None and not any(sig.match(p) is not None for p in pieces):
                 out.append((sig, fields))
@@ -553,7 +553,7 @@ def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
         return None
     if lead is not None and lines[j].startswith(lead):
         return None
-    nxt = ANSI.sub("", lines[j])
+    nxt = strip_ansi(lines[j])
     if not nxt.strip() or nxt[:1].isspace():  # blank or indented: no peeling needed to say so
         return None
     e = peel(nxt)
