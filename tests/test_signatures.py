@@ -128,3 +128,68 @@ def test_fields_named_like_a_column_have_its_type(sig):
             assert kind == "str", f"{name} is a text column, not {kind}"
         else:
             pytest.fail(f"{name} is a {EVENT_SCHEMA[name]} column: no signature field may fill it")
+
+
+# -- lines from other ranks: digit-blind signatures answer by a body's shape ---------------------------
+
+@pytest.mark.parametrize(("pattern", "blind"), [
+    (r"exitcode\s*:\s*(?P<code>-?\d+)", True),
+    (r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)", True),
+    (r"sendbuff 0x[0-9a-fA-F]+ count (?P<n>\d{1,12})", False),  # a digit of its own: `0x`
+    (r"Signal 6 \(SIGABRT\)", False),
+    (r"device (?P<d>[0-7])", False),  # a class holding some digits
+    (r"[^5]+", False),
+    (r"(?P<a>\d)(?P=a)", False),  # a back-reference
+    (r"[\w.\-]+:\d+ [^\s:\]]+", True),
+    (r"\D+\W\S", True),
+    (r"(?:(?P<pg>\w+)|x(?P<pg>\d+))", True),  # names shared by alternatives (the regex module's)
+    (r"\p{Nd}+", False),  # the regex module's own syntax: not provably blind
+])
+def test_digit_blind_patterns(pattern: str, blind: bool) -> None:
+    from ncclforensics.parse.signatures import digit_blind
+
+    assert digit_blind(pattern) is blind
+
+
+def _other_ranks(body: str, n: int, seed: int) -> list[str]:
+    """`body` with its digits changed (other ranks, stamps, counts), digits kept where they are."""
+    import random
+
+    rnd = random.Random(seed)
+    return [re.sub(r"[0-9]", lambda _: rnd.choice("0123456789"), body) for _ in range(n)]
+
+
+def _sample_bodies(sig) -> list[str]:
+    lines = [s["line"] for s in sig.samples if "line" in s] + list(sig.no_match)
+    return [b for line in lines for b in bodies(line) if any(c.isdigit() for c in b)]
+
+
+@pytest.mark.parametrize("sig", [s for s in SIGS if s.digit_blind], ids=[s.path for s in SIGS if s.digit_blind])
+def test_a_digit_blind_signature_matches_other_digits_alike(sig):
+    """The property the shape cache rests on, on the signature's own samples: changing which digits a
+    body holds changes neither whether it matches nor where the fields are."""
+    for body in _sample_bodies(sig):
+        want = sig.match_spans(body)
+        for other in _other_ranks(body, 8, seed=len(body)):
+            got = sig.match_spans(other)
+            assert (got is None) == (want is None), other
+            if got is not None:
+                assert got[1] == want[1], other
+                assert sig.fields_at(other, want[1]) == got[0]
+
+
+def test_lines_from_other_ranks_match_as_matched_afresh():
+    """match_all, having seen one rank's line, answers another rank's (other digits) as matching every
+    candidate afresh would: the same signatures, in order, with that line's own fields."""
+    from ncclforensics.parse.signatures import SignatureSet
+
+    sset = SignatureSet(list(SIGS))
+    checked = 0
+    for sig in SIGS:
+        for body in _sample_bodies(sig):
+            sset.match_all(body)
+            for other in _other_ranks(body, 4, seed=7 + len(body)):
+                afresh = [(s, f) for s in sset.candidates(other) for f in [s.match(other)] if f is not None]
+                assert list(sset.match_all(other)) == afresh, other
+                checked += 1
+    assert checked > 500

@@ -6,6 +6,8 @@ import functools
 import hashlib
 import json
 import re
+import re._constants as _sre
+import re._parser as _sre_parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,12 @@ class Signature:
     def variants(self) -> tuple[regex.Pattern, ...]:
         return tuple(regex.compile(p, regex.VERSION0) for p in self.patterns)
 
+    @functools.cached_property
+    def digit_blind(self) -> bool:
+        """Whether every variant treats every ASCII digit alike (digit_blind): then two bodies that differ
+        only in which digits they hold match alike, with the same spans (SignatureSet.match_all)."""
+        return all(digit_blind(p) for p in self.patterns)
+
     def match(self, body: str) -> dict[str, object] | None:
         """Typed fields of the first variant that matches `body`, or None."""
         text = body if len(body) <= MAX_MATCH_LEN else body[:MAX_MATCH_LEN]
@@ -88,6 +96,29 @@ class Signature:
                 return self._typed(m)
         return None
 
+    def match_spans(self, body: str) -> tuple[dict[str, object], tuple[tuple[str, int, int], ...]] | None:
+        """match(body) and where its fields are: (name, start, end) of each field it typed from."""
+        text = body if len(body) <= MAX_MATCH_LEN else body[:MAX_MATCH_LEN]
+        for rx in self.variants:
+            try:
+                m = rx.search(text, timeout=MATCH_TIMEOUT_S, concurrent=False)
+            except TimeoutError:
+                continue
+            if m is not None:
+                spans = tuple((name, *m.span(name)) for name, raw in m.groupdict().items()
+                              if raw is not None and name in self.fields)
+                return self._typed(m), spans
+        return None
+
+    def fields_at(self, body: str, spans: tuple[tuple[str, int, int], ...]) -> dict[str, object]:
+        """The typed fields of a match whose fields are at `spans` in `body` (match_spans)."""
+        out: dict[str, object] = dict(self.constants)
+        for name, a, b in spans:
+            val = convert(self.fields[name], body[a:b])
+            if val is not None:
+                out[name] = val
+        return out
+
     def _typed(self, m: regex.Match) -> dict[str, object]:
         out: dict[str, object] = dict(self.constants)
         for name, raw in m.groupdict().items():
@@ -97,6 +128,84 @@ class Signature:
             if val is not None:
                 out[name] = val
         return out
+
+
+# -- digit-blind patterns -------------------------------------------------------------------------
+# A line comes from every rank of a run with other numbers in it (`[Rank 1499] Watchdog caught …
+# SeqNum=2547 … ran for 600020 milliseconds`), so the match cache by body misses. A pattern that
+# treats the ten ASCII digits alike (no digit of its own, no class holding some digits but not all,
+# no back-reference) matches two bodies that differ only in which digits they hold at the same
+# places alike, with the same spans: the fields are then read at those spans. Decided on Python's
+# parse of the pattern; a pattern it cannot parse (the `regex` module's own syntax) is not blind.
+_DIGITS = frozenset(range(0x30, 0x3A))
+_ALL_DIGITS = {_sre.CATEGORY_DIGIT, _sre.CATEGORY_WORD, _sre.CATEGORY_NOT_SPACE, _sre.CATEGORY_NOT_LINEBREAK,
+               _sre.CATEGORY_UNI_DIGIT, _sre.CATEGORY_UNI_WORD, _sre.CATEGORY_UNI_NOT_SPACE,
+               _sre.CATEGORY_UNI_NOT_LINEBREAK, _sre.CATEGORY_LOC_WORD}
+_NO_DIGITS = {_sre.CATEGORY_NOT_DIGIT, _sre.CATEGORY_NOT_WORD, _sre.CATEGORY_SPACE, _sre.CATEGORY_LINEBREAK,
+              _sre.CATEGORY_UNI_NOT_DIGIT, _sre.CATEGORY_UNI_NOT_WORD, _sre.CATEGORY_UNI_SPACE,
+              _sre.CATEGORY_UNI_LINEBREAK, _sre.CATEGORY_LOC_NOT_WORD}
+ZERO_DIGITS = str.maketrans("123456789", "000000000")  # a body's shape: its digits made 0
+
+
+_GROUP_NAME = re.compile(r"(?<!\\)\(\?P<\w+>")
+
+
+def digit_blind(pattern: str) -> bool:
+    """Whether `pattern` treats every ASCII digit alike (see above). The `regex` module lets variants'
+    alternatives share a group name, Python's parser does not: names are made unique first (a name
+    never decides how a character matches)."""
+    names = iter(range(1 << 30))
+    try:
+        tree = _sre_parse.parse(_GROUP_NAME.sub(lambda _: f"(?P<g{next(names)}>", pattern))
+    except Exception:
+        return False
+    return _blind(tree)
+
+
+def _blind(items) -> bool:
+    for op, av in items:
+        if op in (_sre.LITERAL, _sre.NOT_LITERAL):
+            if av in _DIGITS:
+                return False
+        elif op is _sre.IN:
+            if not _class_blind(av):
+                return False
+        elif op is _sre.SUBPATTERN:
+            if not _blind(av[3]):
+                return False
+        elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT):
+            if not _blind(av[2]):
+                return False
+        elif op is _sre.BRANCH:
+            if not all(_blind(alt) for alt in av[1]):
+                return False
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            if not _blind(av[1]):
+                return False
+        elif op is _sre.ATOMIC_GROUP:
+            if not _blind(av):
+                return False
+        elif op not in (_sre.AT, _sre.ANY):
+            return False  # back-references, conditionals, anything else: not provably blind
+    return True
+
+
+def _class_blind(items) -> bool:
+    """Whether a character class holds all ten digits or none."""
+    held: set[int] = set()
+    for op, av in items:
+        if op is _sre.NEGATE:
+            continue  # the complement of all or none is none or all
+        if op is _sre.LITERAL:
+            if av in _DIGITS:
+                held.add(av)
+        elif op is _sre.RANGE:
+            held.update(d for d in _DIGITS if av[0] <= d <= av[1])
+        elif op is _sre.CATEGORY and av in _ALL_DIGITS:
+            held.update(_DIGITS)
+        elif not (op is _sre.CATEGORY and av in _NO_DIGITS):
+            return False
+    return len(held) in (0, len(_DIGITS))
 
 
 _MS = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
@@ -182,6 +291,8 @@ class SignatureSet:
                            if any(s.weak for s in sigs)}
         self._finder = LiteralSet({"prefilter": list(self.by_literal)})
         self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
+        # digit-blind signatures' answers by a body's shape (digits made 0): None, or where the fields are
+        self._shapes: dict[str, dict[Signature, tuple | None]] = {}
         # candidates() by the literals found: few sets recur (one line's wording from every rank)
         self._by_found: dict[tuple[frozenset[int], bool], tuple[Signature, ...]] = {}
 
@@ -218,12 +329,32 @@ class SignatureSet:
         a run (NCCL's init, the watchdog's teardown), most of them word for word. The fields are
         shared between callers, which only read them."""
         cacheable = len(body) <= MATCH_CACHE_CHARS
+        spans_of: dict[Signature, tuple | None] | None = None
         if cacheable:
             hit = self._matches.get((body, weak_only))
             if hit is not None:
                 return hit
+            # the same line from another rank (other numbers): digit-blind signatures answer as for it
+            shape = body.translate(ZERO_DIGITS)
+            if shape != body:
+                spans_of = self._shapes.get(shape)
+                if spans_of is None:
+                    if len(self._shapes) >= MATCH_CACHE_ENTRIES:
+                        self._shapes.clear()
+                    spans_of = self._shapes[shape] = {}
         out = []
         for sig in self.candidates(body, weak_only=weak_only):
+            if spans_of is not None and sig.digit_blind:
+                if sig in spans_of:
+                    spans = spans_of[sig]
+                    if spans is not None:
+                        out.append((sig, sig.fields_at(body, spans)))
+                    continue
+                got = sig.match_spans(body)
+                spans_of[sig] = None if got is None else got[1]
+                if got is not None:
+                    out.append((sig, got[0]))
+                continue
             fields = sig.match(body)
             if fields is not None:
                 out.append((sig, fields))
