@@ -180,8 +180,9 @@ def test_a_digit_blind_signature_matches_other_digits_alike(sig):
 
 def test_lines_from_other_ranks_match_as_matched_afresh():
     """match_all, having seen one rank's line, answers another rank's (other digits) as matching every
-    candidate afresh would: the same signatures, in order, with that line's own fields."""
-    from ncclforensics.parse.signatures import SignatureSet
+    candidate afresh would: the same signatures, in order, with that line's own fields; the candidates
+    found by shape (literals with a digit looked up in the line) are the line's own."""
+    from ncclforensics.parse.signatures import ZERO_DIGITS, SignatureSet
 
     sset = SignatureSet(list(SIGS))
     checked = 0
@@ -190,6 +191,34 @@ def test_lines_from_other_ranks_match_as_matched_afresh():
             sset.match_all(body)
             for other in _other_ranks(body, 4, seed=7 + len(body)):
                 afresh = [(s, f) for s in sset.candidates(other) for f in [s.match(other)] if f is not None]
+                assert sset.candidates(other, shape=other.translate(ZERO_DIGITS)) == sset.candidates(other)
                 assert list(sset.match_all(other)) == afresh, other
                 checked += 1
     assert checked > 500
+
+
+def test_digit_blind_verdicts_are_kept_in_the_cache_folder(tmp_path):
+    """A verdict worked out once is read back by the next process; a damaged file is worked out again."""
+    from ncclforensics.parse import signatures
+
+    first = signatures._BlindCache()
+    first.file = tmp_path / "digit-blind.json"
+    assert first.get(r"SeqNum=(?P<seq>\d+)") is True
+    assert first.get(r"Signal 6") is False
+    first.write()
+    again = signatures._BlindCache()
+    again.file = first.file
+    assert again._read() == {r"SeqNum=(?P<seq>\d+)": True, "Signal 6": False}
+    assert again.get("Signal 6") is False and not again.dirty
+    first.file.write_text("{not json")
+    damaged = signatures._BlindCache()
+    damaged.file = first.file
+    assert damaged.get(r"SeqNum=(?P<seq>\d+)") is True and damaged.dirty
+
+
+@pytest.mark.parametrize("body", ["[Rank 1499] SeqNum=2547 ran for 600020 ms", "é 12 ✓ 90 ﹙٣﹚ x", "", "no digits",
+                                  "\udc80 3"])
+def test_a_bodys_shape_is_its_digits_made_0(body: str) -> None:
+    from ncclforensics.parse.signatures import ZERO_DIGITS, shape_of
+
+    assert shape_of(body) == body.translate(ZERO_DIGITS)
