@@ -138,6 +138,20 @@ def test_shares_read_as_one(tmp_path, share_everything, jobs):
     assert any("read only in part" in n for n in many.notes)
 
 
+def test_many_files_make_more_units_read_as_one(tmp_path, share_everything, monkeypatch):
+    """A run of many small files is cut into more units (about FILES_PER_UNIT files each or fewer: the last unit
+    is what the other processes wait for); read so, it gives the table of one reading."""
+    run = _mixed_folder(tmp_path)
+    few = shares.plan(events.roots_of(run), 2, min_bytes=1, per_process=1)
+    monkeypatch.setattr(shares, "FILES_PER_UNIT", 1)
+    plan = shares.plan(events.roots_of(run), 2, min_bytes=1, per_process=1)
+    assert len(plan) > len(few) == 2
+    one = events.build_events(run, jobs=1)
+    share_everything.clear()
+    _same(one, events.build_events(run, jobs=2))
+    _one_share_here(share_everything)
+
+
 def test_several_paths_of_one_run(tmp_path, share_everything):
     run = _mixed_folder(tmp_path)
     paths = [run / "node0", run / "node1", run / "README.md"]

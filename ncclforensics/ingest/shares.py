@@ -30,6 +30,10 @@ SHARE_MIN_BYTES = 48 << 20
 # claimed is what the others may wait for); each costs a set of books (events._Books) and, for a
 # file cut into slices, a slice.
 UNITS_PER_PROCESS = 6
+# ... and at most this many files a unit: a run of thousands of small files (2,048 ranks) costs its
+# Python work by the file, and 6 units a process left the last unit ~0.7 s of reading, which the other
+# process waited for (bench/README.md, "tenth round"); a unit of whole files costs a set of books only
+FILES_PER_UNIT = 128
 # How far before a chunk's cut position its last newline is looked for; a file whose lines are
 # longer is not cut there.
 CUT_WINDOW = 1 << 20
@@ -148,9 +152,10 @@ class Claims:
 
 
 def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES, per_process: int = 1) -> Plan | None:
-    """The units of a reading by up to `jobs` processes (`per_process` units each, fewer where
-    files are too few to make them), or None when one process should read it all (standard input,
-    a small run, one job). Each process has `min_bytes` at least to read."""
+    """The units of a reading by up to `jobs` processes (`per_process` units each, more where a unit
+    would hold more than FILES_PER_UNIT files, fewer where files are too few to make them), or None
+    when one process should read it all (standard input, a small run, one job). Each process has
+    `min_bytes` at least to read."""
     if jobs < 2 or any(r.path is None for r in roots):
         return None
     try:
@@ -162,7 +167,7 @@ def plan(roots: list[Root], jobs: int, min_bytes: int = SHARE_MIN_BYTES, per_pro
     procs = min(jobs, total // max(1, min_bytes))
     if procs < 2:
         return None
-    n = procs * max(1, per_process)
+    n = procs * max(1, per_process, -(-len(entries) // (procs * FILES_PER_UNIT)))
     # units: whole entries, and the chunks of files that may be cut, each with its bytes
     units: list[tuple[Key, int | None, int]] = []
     for key, size, full in entries:
