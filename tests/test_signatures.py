@@ -146,7 +146,7 @@ def test_fields_named_like_a_column_have_its_type(sig):
     (r"\p{Nd}+", False),  # the regex module's own syntax: not provably blind
 ])
 def test_digit_blind_patterns(pattern: str, blind: bool) -> None:
-    from ncclforensics.parse.signatures import digit_blind
+    from ncclforensics.digits import digit_blind
 
     assert digit_blind(pattern) is blind
 
@@ -182,7 +182,8 @@ def test_lines_from_other_ranks_match_as_matched_afresh():
     """match_all, having seen one rank's line, answers another rank's (other digits) as matching every
     candidate afresh would: the same signatures, in order, with that line's own fields; the candidates
     found by shape (literals with a digit looked up in the line) are the line's own."""
-    from ncclforensics.parse.signatures import ZERO_DIGITS, SignatureSet
+    from ncclforensics.digits import ZERO_DIGITS
+    from ncclforensics.parse.signatures import SignatureSet
 
     sset = SignatureSet(list(SIGS))
     checked = 0
@@ -199,19 +200,19 @@ def test_lines_from_other_ranks_match_as_matched_afresh():
 
 def test_digit_blind_verdicts_are_kept_in_the_cache_folder(tmp_path):
     """A verdict worked out once is read back by the next process; a damaged file is worked out again."""
-    from ncclforensics.parse import signatures
+    from ncclforensics import digits
 
-    first = signatures._BlindCache()
+    first = digits.BlindCache()
     first.file = tmp_path / "digit-blind.json"
     assert first.get(r"SeqNum=(?P<seq>\d+)") is True
     assert first.get(r"Signal 6") is False
     first.write()
-    again = signatures._BlindCache()
+    again = digits.BlindCache()
     again.file = first.file
     assert again._read() == {r"SeqNum=(?P<seq>\d+)": True, "Signal 6": False}
     assert again.get("Signal 6") is False and not again.dirty
     first.file.write_text("{not json")
-    damaged = signatures._BlindCache()
+    damaged = digits.BlindCache()
     damaged.file = first.file
     assert damaged.get(r"SeqNum=(?P<seq>\d+)") is True and damaged.dirty
 
@@ -219,6 +220,6 @@ def test_digit_blind_verdicts_are_kept_in_the_cache_folder(tmp_path):
 @pytest.mark.parametrize("body", ["[Rank 1499] SeqNum=2547 ran for 600020 ms", "é 12 ✓ 90 ﹙٣﹚ x", "", "no digits",
                                   "\udc80 3"])
 def test_a_bodys_shape_is_its_digits_made_0(body: str) -> None:
-    from ncclforensics.parse.signatures import ZERO_DIGITS, shape_of
+    from ncclforensics.digits import ZERO_DIGITS, shape_of
 
     assert shape_of(body) == body.translate(ZERO_DIGITS)

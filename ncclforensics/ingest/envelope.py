@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from ncclforensics.digits import BLIND, shape_of
+
 # ANSI colour codes, also with the ESC byte lost in a copy-paste (`[31m`, `ERROR[0m`): an SGR
 # code of 1-3 digit numbers; `[10m]` (a duration in brackets) is text, not colour.
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB012]|\[\d{1,3}(?:;\d{1,3}){0,5}m(?!\])")
@@ -281,7 +283,55 @@ def peel(line: str) -> Envelope:
     return env
 
 
+# Peeling by shape (ncclforensics/digits.py): a line that differs from one peeled before only in its
+# digits (another rank's copy of it: `[rank7]:[E0216 14:31:57.8…` for `[rank3]:[E0216 14:31:56.1…`)
+# holds the same envelopes at the same places, as long as the same fields are known after each (a
+# stamp of a day that does not exist, a pid above PID_MAX tell nothing): every pattern here is
+# digit-blind, and _apply decides only by which fields are known and by text without digits. Such
+# a line replays its shape's envelopes (each one's match and _apply again, for this line's values),
+# checking where each ends and which fields are known after it; any difference peels it afresh.
+# The one text with digits a peeler reads is c10's `[c10d] ` (§1.2): a line whose shape holds `[c00d]`
+# is peeled afresh, and for every other line that part of the pattern never matches (it is checked
+# blind without it).
+PEEL_SHAPES = 4096
+_SHAPES: dict[str, tuple] = {}
+_BY_SHAPE: list[bool] = []  # [whether every pattern peeling uses is digit-blind], worked out once
+_NCCL = -1  # a step of the NCCL head, in a shape's steps
+_C10D, _C10D_SHAPE = r"(?:\[c10d\] )?", "[c00d]"
+
+
 def _peel(line: str) -> Envelope:
+    if not _BY_SHAPE:
+        patterns = (*(rx.pattern for _, rx in _PEELERS), _ANY_PEELER.pattern, NCCL_HEAD.pattern, NCCL_SRC.pattern)
+        _BY_SHAPE.append(all(BLIND.get(p.replace(_C10D, "(?:(?!))?")) for p in patterns))
+    if not _BY_SHAPE[0]:
+        return _peel_fresh(line, None)
+    shape = shape_of(line)
+    if _C10D_SHAPE in shape:
+        return _peel_fresh(line, None)
+    steps = _SHAPES.get(shape)
+    if steps is not None:
+        env = _replay(line, steps)
+        if env is not None:
+            return env
+    found: list[tuple] = []
+    env = _peel_fresh(line, found)
+    if len(_SHAPES) >= PEEL_SHAPES:
+        _SHAPES.clear()
+    _SHAPES[shape] = tuple(found)
+    return env
+
+
+def _known(env: Envelope) -> tuple:
+    """Which fields an envelope knows: all that _apply's decisions read."""
+    return (env.rank is None, env.local_rank is None, env.host is None, env.pid is None, env.ts is None,
+            env.sev is None, env.task is None, env.world is None, env.uptime is None, env.nccl_dev is None,
+            env.agent, env.kernel)
+
+
+def _peel_fresh(line: str, steps: list[tuple] | None) -> Envelope:
+    """Peel `line`; `steps` (when given) gets each envelope taken: (peeler index or _NCCL, start, end, the
+    NCCL source's end or -1, _known after it)."""
     env = Envelope()
     pos = 0
     key_parts: list[str] = []
@@ -293,11 +343,14 @@ def _peel(line: str) -> Envelope:
         hit = False
         first = _ANY_PEELER.match(line, pos)
         start = len(_PEELERS) if first is None else _PEELER_AT[first.lastgroup]
-        for name, rx in _PEELERS[start:]:
+        for i in range(start, len(_PEELERS)):
+            name, rx = _PEELERS[i]
             m = rx.match(line, pos)
             if m is None or m.end() == pos:
                 continue
             if _apply(env, name, m):
+                if steps is not None:
+                    steps.append((i, pos, m.end(), -1, _known(env)))
                 pos = m.end()
                 if name == "rank" or name in _LAUNCHERS:
                     key_parts.append(m.group())
@@ -308,17 +361,58 @@ def _peel(line: str) -> Envelope:
         if not hit:
             m = NCCL_HEAD.match(line, pos)
             if m is not None:
-                env.host = env.host or m.group("host")
-                env.pid = int(m.group("pid"))
-                # the NCCL process is a writer of its own: its lines never continue another line
-                key_parts.append(f"{m.group('host')}:{m.group('pid')} ")
-                if m.group("dev") is not None:
-                    env.nccl_dev = int(m.group("dev"))
+                at = pos
+                _nccl_head(env, m, key_parts)
                 pos = m.end()
                 s = NCCL_SRC.match(line, pos)
                 if s is not None:
                     pos = s.end()
+                if steps is not None:
+                    steps.append((_NCCL, at, m.end(), -1 if s is None else s.end(), _known(env)))
             break
+    env.key = "".join(key_parts)
+    env.outer = "".join(outer_parts)
+    env.body = line[pos:]
+    return env
+
+
+def _nccl_head(env: Envelope, m: re.Match[str], key_parts: list[str]) -> None:
+    env.host = env.host or m.group("host")
+    env.pid = int(m.group("pid"))
+    # the NCCL process is a writer of its own: its lines never continue another line
+    key_parts.append(f"{m.group('host')}:{m.group('pid')} ")
+    if m.group("dev") is not None:
+        env.nccl_dev = int(m.group("dev"))
+
+
+def _replay(line: str, steps: tuple) -> Envelope | None:
+    """`line` peeled by the steps of its shape (see above), or None where it differs."""
+    env = Envelope()
+    key_parts: list[str] = []
+    outer_parts: list[str] = []
+    pos = 0
+    for i, start, end, src_end, known in steps:
+        if i == _NCCL:
+            m = NCCL_HEAD.match(line, start)
+            if m is None or m.end() != end:
+                return None
+            _nccl_head(env, m, key_parts)
+            s = NCCL_SRC.match(line, end)
+            if (s is None) != (src_end < 0) or (s is not None and s.end() != src_end):
+                return None
+            pos = end if s is None else src_end
+        else:
+            name, rx = _PEELERS[i]
+            m = rx.match(line, start)
+            if m is None or m.end() != end or not _apply(env, name, m):
+                return None
+            if name == "rank" or name in _LAUNCHERS:
+                key_parts.append(m.group())
+            if name in _LAUNCHERS:
+                outer_parts.append(m.group())
+            pos = end
+        if _known(env) != known:
+            return None
     env.key = "".join(key_parts)
     env.outer = "".join(outer_parts)
     env.body = line[pos:]

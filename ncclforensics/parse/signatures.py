@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import json
 import re
-import re._constants as _sre
-import re._parser as _sre_parse
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +13,7 @@ from pathlib import Path
 import regex
 
 from ncclforensics.atomic import atomic_write
+from ncclforensics.digits import BLIND, shape_of
 from ncclforensics.diskcache import cache_dir
 from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import SOURCES
@@ -84,7 +81,7 @@ class Signature:
     def digit_blind(self) -> bool:
         """Whether every variant treats every ASCII digit alike (digit_blind): then two bodies that differ
         only in which digits they hold match alike, with the same spans (SignatureSet.match_all)."""
-        return all(_BLIND.get(p) for p in self.patterns)
+        return all(BLIND.get(p) for p in self.patterns)
 
     def match(self, body: str) -> dict[str, object] | None:
         """Typed fields of the first variant that matches `body`, or None."""
@@ -130,136 +127,6 @@ class Signature:
             if val is not None:
                 out[name] = val
         return out
-
-
-# -- digit-blind patterns -------------------------------------------------------------------------
-# A line comes from every rank of a run with other numbers in it (`[Rank 1499] Watchdog caught …
-# SeqNum=2547 … ran for 600020 milliseconds`), so the match cache by body misses. A pattern that
-# treats the ten ASCII digits alike (no digit of its own, no class holding some digits but not all,
-# no back-reference) matches two bodies that differ only in which digits they hold at the same
-# places alike, with the same spans: the fields are then read at those spans. Decided on Python's
-# parse of the pattern; a pattern it cannot parse (the `regex` module's own syntax) is not blind.
-_DIGITS = frozenset(range(0x30, 0x3A))
-_ALL_DIGITS = {_sre.CATEGORY_DIGIT, _sre.CATEGORY_WORD, _sre.CATEGORY_NOT_SPACE, _sre.CATEGORY_NOT_LINEBREAK,
-               _sre.CATEGORY_UNI_DIGIT, _sre.CATEGORY_UNI_WORD, _sre.CATEGORY_UNI_NOT_SPACE,
-               _sre.CATEGORY_UNI_NOT_LINEBREAK, _sre.CATEGORY_LOC_WORD}
-_NO_DIGITS = {_sre.CATEGORY_NOT_DIGIT, _sre.CATEGORY_NOT_WORD, _sre.CATEGORY_SPACE, _sre.CATEGORY_LINEBREAK,
-              _sre.CATEGORY_UNI_NOT_DIGIT, _sre.CATEGORY_UNI_NOT_WORD, _sre.CATEGORY_UNI_SPACE,
-              _sre.CATEGORY_UNI_LINEBREAK, _sre.CATEGORY_LOC_NOT_WORD}
-ZERO_DIGITS = str.maketrans("123456789", "000000000")  # a body's shape: its digits made 0
-_ZERO_BYTES = bytes.maketrans(b"123456789", b"000000000")
-
-
-def shape_of(body: str) -> str:
-    """body.translate(ZERO_DIGITS), by bytes (~0.5 µs for a 200-character line, str.translate ~4 µs): an
-    ASCII digit's byte is never part of another character's UTF-8 bytes."""
-    return body.encode("utf-8", "surrogatepass").translate(_ZERO_BYTES).decode("utf-8", "surrogatepass")
-
-
-_GROUP_NAME = re.compile(r"(?<!\\)\(\?P<\w+>")
-
-
-def digit_blind(pattern: str) -> bool:
-    """Whether `pattern` treats every ASCII digit alike (see above). The `regex` module lets variants'
-    alternatives share a group name, Python's parser does not: names are made unique first (a name
-    never decides how a character matches)."""
-    names = iter(range(1 << 30))
-    try:
-        tree = _sre_parse.parse(_GROUP_NAME.sub(lambda _: f"(?P<g{next(names)}>", pattern))
-    except Exception:
-        return False
-    return _blind(tree)
-
-
-class _BlindCache:
-    """digit_blind's verdicts by pattern, kept in one file under the user's cache folder (parsing a
-    pattern takes ~0.3 ms: the signatures a small run meets would cost start-up ~5 ms), written when
-    the process ends if a verdict was worked out. One file per Python version (its parser decides)."""
-
-    def __init__(self) -> None:
-        self.verdicts: dict[str, bool] | None = None
-        self.dirty = False
-        self.file = cache_dir() / f"digit-blind-py{sys.version_info[0]}{sys.version_info[1]}.json"
-
-    def get(self, pattern: str) -> bool:
-        if self.verdicts is None:
-            self.verdicts = self._read()
-        verdict = self.verdicts.get(pattern)
-        if verdict is None:
-            verdict = self.verdicts[pattern] = digit_blind(pattern)
-            if not self.dirty:
-                self.dirty = True
-                atexit.register(self.write)
-        return verdict
-
-    def _read(self) -> dict[str, bool]:
-        try:
-            got = json.loads(self.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(got, dict):
-            return {}
-        return {k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, bool)}
-
-    def write(self) -> None:
-        """Save the verdicts (merged with what another process saved meanwhile); a read-only home keeps none."""
-        if not self.dirty or self.verdicts is None:
-            return
-        self.dirty = False
-        try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.file, json.dumps({**self._read(), **self.verdicts}))
-        except OSError:
-            pass
-
-
-_BLIND = _BlindCache()
-
-
-def _blind(items) -> bool:
-    for op, av in items:
-        if op in (_sre.LITERAL, _sre.NOT_LITERAL):
-            if av in _DIGITS:
-                return False
-        elif op is _sre.IN:
-            if not _class_blind(av):
-                return False
-        elif op is _sre.SUBPATTERN:
-            if not _blind(av[3]):
-                return False
-        elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT):
-            if not _blind(av[2]):
-                return False
-        elif op is _sre.BRANCH:
-            if not all(_blind(alt) for alt in av[1]):
-                return False
-        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            if not _blind(av[1]):
-                return False
-        elif op is _sre.ATOMIC_GROUP:
-            if not _blind(av):
-                return False
-        elif op not in (_sre.AT, _sre.ANY):
-            return False  # back-references, conditionals, anything else: not provably blind
-    return True
-
-
-def _class_blind(items) -> bool:
-    """Whether a character class holds all ten digits or none."""
-    held: set[int] = set()
-    for op, av in items:
-        if op is _sre.NEGATE:
-            continue  # the complement of all or none is none or all
-        if op is _sre.LITERAL:
-            if av in _DIGITS:
-                held.add(av)
-        elif op is _sre.RANGE:
-            held.update(d for d in _DIGITS if av[0] <= d <= av[1])
-        elif op is _sre.CATEGORY and av in _ALL_DIGITS:
-            held.update(_DIGITS)
-        elif not (op is _sre.CATEGORY and av in _NO_DIGITS):
-            return False
-    return len(held) in (0, len(_DIGITS))
 
 
 _MS = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
@@ -357,7 +224,7 @@ class SignatureSet:
 
     def candidates(self, body: str, *, weak_only: bool = False, shape: str | None = None) -> Sequence[Signature]:
         """The signatures whose prefilter literals occur in `body`, in signature-file order. `shape`:
-        body.translate(ZERO_DIGITS), when known: the literals without a digit are found once a shape
+        shape_of(body) (digits.py), when known: the literals without a digit are found once a shape
         (such a literal occurs where the body holds no digit: the same places in every body of that
         shape), the few with a digit looked up in the body itself."""
         if shape is None:
