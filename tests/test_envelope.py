@@ -500,13 +500,14 @@ def test_a_c10_second_is_worked_out_once_and_answers_the_same() -> None:
 
 # pieces of envelopes whose digits decide what they tell: a day that does not exist, a pid above
 # PID_MAX, DeepSpeed's rank -0, Ray's pid=0, c10's `[c10d] ` (§1.2-§1.8, §18.5)
-_SHAPED = ["[rank3]:", "[rank 3] ", "[E0216 14:31:57.868225299 ProcessGroupNCCL.cpp:632] ", "[E0230 14:31:57.868225299 x.cpp:1] ",
-           "[W216 14:20:09.027029 socket.cpp:601] [c10d] ", "[c10d] ", "W1122 07:44:17.428000 873 torch/distributed/run.py:874] ",
-           "I0101 00:00:00.000000 4194305 a.py:1] ", "gpu-m188:52780:53376 [3] NCCL INFO ", "node1:12:34 [0] init.cc:5 NCCL WARN ",
-           "[2025-02-17 06:30:12,408] torch.distributed.run: [WARNING] ", "(RayWorkerWrapper pid=0, ip=10.0.0.1) ", "(pid=61833) ",
-           "[INFO] [launch.py:315:sigkill_handler] [Rank -0] ", "[Rank 0/4] ", "[default3]:", " 7: ", "gpu-a12: ",
-           "[ 912734.602118] ", "Jun 10 03:17:42 gpu-q17 kernel: ", "2025-06-10T03:17:42,604118+02:00 ", "[pod/w-0/c] ",
-           "4,88213,912734602118,-;", "[40218] ", "step 12 ", "Watchdog caught ", "12", ":", " ", "x"]
+_SHAPED = ["[rank3]:", "[rank 3] ", "[E0216 14:31:57.868225299 ProcessGroupNCCL.cpp:632] ",
+           "[E0230 14:31:57.868225299 x.cpp:1] ", "[W216 14:20:09.027029 socket.cpp:601] [c10d] ", "[c10d] ",
+           "W1122 07:44:17.428000 873 torch/distributed/run.py:874] ", "I0101 00:00:00.000000 4194305 a.py:1] ",
+           "gpu-m188:52780:53376 [3] NCCL INFO ", "node1:12:34 [0] init.cc:5 NCCL WARN ",
+           "[2025-02-17 06:30:12,408] torch.distributed.run: [WARNING] ", "(RayWorkerWrapper pid=0, ip=10.0.0.1) ",
+           "(pid=61833) ", "[INFO] [launch.py:315:sigkill_handler] [Rank -0] ", "[Rank 0/4] ", "[default3]:", " 7: ",
+           "gpu-a12: ", "[ 912734.602118] ", "Jun 10 03:17:42 gpu-q17 kernel: ", "2025-06-10T03:17:42,604118+02:00 ",
+           "[pod/w-0/c] ", "4,88213,912734602118,-;", "[40218] ", "step 12 ", "Watchdog caught ", "12", ":", " ", "x"]
 
 
 @settings(max_examples=400, deadline=None)

@@ -164,18 +164,29 @@ def _sample_bodies(sig) -> list[str]:
     return [b for line in lines for b in bodies(line) if any(c.isdigit() for c in b)]
 
 
-@pytest.mark.parametrize("sig", [s for s in SIGS if s.digit_blind], ids=[s.path for s in SIGS if s.digit_blind])
-def test_a_digit_blind_signature_matches_other_digits_alike(sig):
+@pytest.mark.parametrize("sig", [s for s in SIGS if any(s.blind_variants)],
+                         ids=[s.path for s in SIGS if any(s.blind_variants)])
+def test_a_digit_blind_variant_matches_other_digits_alike(sig):
     """The property the shape cache rests on, on the signature's own samples: changing which digits a
-    body holds changes neither whether it matches nor where the fields are."""
+    body holds changes neither whether a blind variant matches nor where its groups are."""
     for body in _sample_bodies(sig):
-        want = sig.match_spans(body)
-        for other in _other_ranks(body, 8, seed=len(body)):
-            got = sig.match_spans(other)
-            assert (got is None) == (want is None), other
-            if got is not None:
-                assert got[1] == want[1], other
-                assert sig.fields_at(other, want[1]) == got[0]
+        for rx, blind in zip(sig.variants, sig.blind_variants, strict=True):
+            if not blind:
+                continue
+            want = rx.search(body)
+            for other in _other_ranks(body, 8, seed=len(body)):
+                got = rx.search(other)
+                assert (got is None) == (want is None), other
+                if got is not None:
+                    assert got.regs == want.regs, other
+
+
+def test_most_signatures_are_blind_and_some_are_not():
+    """Digits of their own (`0x`, `[c10d]`, `[01]`, `[0-7]`) make a variant see digits: such variants
+    are matched on every line."""
+    blind = [b for s in SIGS for b in s.blind_variants]
+    assert sum(blind) > len(blind) // 2
+    assert not all(blind)
 
 
 def test_lines_from_other_ranks_match_as_matched_afresh():

@@ -78,10 +78,10 @@ class Signature:
         return tuple(regex.compile(p, regex.VERSION0) for p in self.patterns)
 
     @functools.cached_property
-    def digit_blind(self) -> bool:
-        """Whether every variant treats every ASCII digit alike (digit_blind): then two bodies that differ
-        only in which digits they hold match alike, with the same spans (SignatureSet.match_all)."""
-        return all(BLIND.get(p) for p in self.patterns)
+    def blind_variants(self) -> tuple[bool, ...]:
+        """Per variant, whether it treats every ASCII digit alike (digits.digit_blind): then two bodies
+        that differ only in which digits they hold match it alike, with the same spans."""
+        return tuple(BLIND.get(p) for p in self.patterns)
 
     def match(self, body: str) -> dict[str, object] | None:
         """Typed fields of the first variant that matches `body`, or None."""
@@ -95,22 +95,30 @@ class Signature:
                 return self._typed(m)
         return None
 
-    def match_spans(self, body: str) -> tuple[dict[str, object], tuple[tuple[str, int, int], ...]] | None:
-        """match(body) and where its fields are: (name, start, end) of each field it typed from."""
+    def match_shaped(self, body: str, seen: dict[int, tuple | None]) -> dict[str, object] | None:
+        """match(body), where `seen` holds the blind variants' answers for bodies of body's shape (None,
+        or where the typed fields are: (name, start, end) each) and gets those worked out here."""
         text = body if len(body) <= MAX_MATCH_LEN else body[:MAX_MATCH_LEN]
-        for rx in self.variants:
+        blind = self.blind_variants
+        for vi, rx in enumerate(self.variants):
+            if blind[vi] and vi in seen:
+                spans = seen[vi]
+                if spans is not None:
+                    return self.fields_at(body, spans)
+                continue
             try:
                 m = rx.search(text, timeout=MATCH_TIMEOUT_S, concurrent=False)
             except TimeoutError:
                 continue
+            if blind[vi]:
+                seen[vi] = None if m is None else tuple((name, *m.span(name)) for name, raw in m.groupdict().items()
+                                                        if raw is not None and name in self.fields)
             if m is not None:
-                spans = tuple((name, *m.span(name)) for name, raw in m.groupdict().items()
-                              if raw is not None and name in self.fields)
-                return self._typed(m), spans
+                return self._typed(m)
         return None
 
     def fields_at(self, body: str, spans: tuple[tuple[str, int, int], ...]) -> dict[str, object]:
-        """The typed fields of a match whose fields are at `spans` in `body` (match_spans)."""
+        """The typed fields of a match whose fields are at `spans` in `body` (match_shaped)."""
         out: dict[str, object] = dict(self.constants)
         for name, a, b in spans:
             val = convert(self.fields[name], body[a:b])
@@ -212,8 +220,8 @@ class SignatureSet:
                            if any(s.weak for s in sigs)}
         self._finder = LiteralSet({"prefilter": list(self.by_literal)})
         self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
-        # digit-blind signatures' answers by a body's shape (digits made 0): None, or where the fields are
-        self._shapes: dict[str, dict[Signature, tuple | None]] = {}
+        # the blind variants' answers by a body's shape (digits made 0): Signature.match_shaped's `seen`
+        self._shapes: dict[str, dict[Signature, dict[int, tuple | None]]] = {}
         # candidates(): the literals without a digit a shape holds, and the literals with one
         self._free_by_shape: dict[str, frozenset[int]] = {}
         self._digit_literals = tuple((i, lit) for i, lit in enumerate(self._finder.texts)
@@ -272,7 +280,7 @@ class SignatureSet:
             hit = self._matches.get((body, weak_only))
             if hit is not None:
                 return hit
-            # the same line from another rank (other numbers): digit-blind signatures answer as for it
+            # the same line from another rank (other numbers): digit-blind variants answer as for it
             shape = shape_of(body)
             if shape == body:
                 shape = None  # no digit: the body is its own key
@@ -284,18 +292,13 @@ class SignatureSet:
                     spans_of = self._shapes[shape] = {}
         out = []
         for sig in self.candidates(body, weak_only=weak_only, shape=shape):
-            if spans_of is not None and sig.digit_blind:
-                if sig in spans_of:
-                    spans = spans_of[sig]
-                    if spans is not None:
-                        out.append((sig, sig.fields_at(body, spans)))
-                    continue
-                got = sig.match_spans(body)
-                spans_of[sig] = None if got is None else got[1]
-                if got is not None:
-                    out.append((sig, got[0]))
-                continue
-            fields = sig.match(body)
+            if spans_of is not None:
+                seen = spans_of.get(sig)
+                if seen is None:
+                    seen = spans_of[sig] = {}
+                fields = sig.match_shaped(body, seen)
+            else:
+                fields = sig.match(body)
             if fields is not None:
                 out.append((sig, fields))
         found = tuple(out)
