@@ -274,7 +274,7 @@ class SignatureSet:
         a run (NCCL's init, the watchdog's teardown), most of them word for word. The fields are
         shared between callers, which only read them."""
         cacheable = len(body) <= MATCH_CACHE_CHARS
-        spans_of: dict[Signature, tuple | None] | None = None
+        spans_of: dict[Signature, dict[int, tuple | None]] | None = None
         shape = None
         if cacheable:
             hit = self._matches.get((body, weak_only))
