@@ -144,3 +144,28 @@ def _class_blind(items) -> bool:
         elif not (op is _sre.CATEGORY and av in _NO_DIGITS):
             return False
     return len(held) in (0, len(_DIGITS))
+
+
+class ShapeMemo(dict):
+    """Answers kept by shape (a text's digits made 0) for shapes met more than once: a line that every
+    rank prints comes again within a rank or two, a line with a pointer or a hash of its own never,
+    and keeping what those answered would only hold memory (~1 KB each). A shape's first sighting
+    leaves its hash only; `admit` on the second says to keep its answers. At most `entries` shapes
+    are kept, then it starts again."""
+
+    def __init__(self, entries: int) -> None:
+        super().__init__()
+        self.entries = entries
+        self._once: set[int] = set()
+
+    def admit(self, shape: str) -> bool:
+        """Whether answers for `shape` (not kept yet) should be kept: it was met before."""
+        h = hash(shape)
+        if h in self._once:
+            if len(self) >= self.entries:
+                self.clear()
+            return True
+        if len(self._once) >= 8 * self.entries:
+            self._once.clear()
+        self._once.add(h)
+        return False

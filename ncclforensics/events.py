@@ -450,9 +450,22 @@ class _Books:
         self.result.skipped = [s for key in sorted(self.skips) for s in self.skips[key]]
         from ncclforensics.ingest.table import event_table
 
+        forget_line_memos()  # their memory is the table's now
+
         rows = [r for c in self.files for r in c.rows + [p for ps in c.progress.values() for p in ps]]
         self.result.events, self.result.year_source = event_table(rows, self.result.run, self.mtimes)
         return self.result
+
+
+def forget_line_memos() -> None:
+    """What the line work remembers across lines (envelopes, signature matches, `extra` texts): dropped
+    once a run is read, before its table is made (small_2048's peak memory is the table's making)."""
+    from ncclforensics.ingest import envelope
+    from ncclforensics.parse import lines
+
+    envelope.forget()
+    load_signatures().forget()
+    lines.forget()
 
 
 def _joined(parts: list[SourceEnd]) -> SourceEnd:

@@ -524,8 +524,22 @@ def test_a_line_peeled_by_its_shape_is_peeled_as_afresh(pieces: list[str], seed:
     rnd = random.Random(seed)
     other = re.sub(r"[0-9]", lambda _: rnd.choice("0123456789"), line)
     envelope._SHAPES.clear()
-    for text in (line, other):
+    for text in (line, line, other):  # met once: nothing kept; twice: its envelopes kept; then replayed
         got = envelope._peel(text)
         want = envelope._peel_fresh(text, None)
         assert {n: getattr(got, n) for n in envelope.Envelope.__slots__} == {
             n: getattr(want, n) for n in envelope.Envelope.__slots__}, text
+
+
+def test_shapes_are_kept_once_met_twice_and_within_bounds() -> None:
+    """A shape's first sighting leaves its hash only, the second keeps its answers; at most `entries`."""
+    from ncclforensics.digits import ShapeMemo
+
+    memo = ShapeMemo(3)
+    assert not memo.admit("[rank0]: a") and memo.admit("[rank0]: a")
+    for k in range(20):
+        shape = f"x{'y' * k}"
+        if memo.admit(shape) or memo.admit(shape):
+            memo[shape] = k
+        assert len(memo) <= 3
+    assert memo  # the last shapes are kept

@@ -596,3 +596,24 @@ def test_the_chunk_buffer_is_kept_for_the_next_file(tmp_path):
     with open(path, "rb") as f:
         _chunks_of(f, b"", 8192)
     assert any(any(b is k for k in kept) for b in decode._BUFFERS)  # the same buffer, not a new one
+
+
+def test_what_the_line_work_remembers_is_dropped_before_the_table(tmp_path, monkeypatch):
+    """Envelopes, signature matches and `extra` texts remembered while reading are dropped once the run
+    is read, before its table is made (the table's making is the peak of memory)."""
+    from ncclforensics.ingest import envelope
+    from ncclforensics.parse import lines
+    from ncclforensics.parse.signatures import load_signatures
+
+    seen: list[tuple[int, int]] = []
+    made = events._Books.finish
+
+    def finish(self):
+        seen.append((len(envelope._peeled), len(load_signatures()._matches)))
+        return made(self)
+
+    monkeypatch.setattr(events._Books, "finish", finish)
+    assert events.build_events(_mixed_folder(tmp_path), jobs=1).events.height > 0
+    assert seen[0][0] > 0 and seen[0][1] > 0  # the reading remembered lines
+    assert not envelope._peeled and not envelope._SHAPES and not lines._EXTRA_MEMO
+    assert not load_signatures()._matches and not load_signatures()._shapes

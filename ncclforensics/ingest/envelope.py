@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from ncclforensics.digits import BLIND, shape_of
+from ncclforensics.digits import BLIND, ShapeMemo, shape_of
 
 # ANSI colour codes, also with the ESC byte lost in a copy-paste (`[31m`, `ERROR[0m`): an SGR
 # code of 1-3 digit numbers; `[10m]` (a duration in brackets) is text, not colour.
@@ -293,8 +293,8 @@ def peel(line: str) -> Envelope:
 # The one text with digits a peeler reads is c10's `[c10d] ` (§1.2): a line whose shape holds `[c00d]`
 # is peeled afresh, and for every other line that part of the pattern never matches (it is checked
 # blind without it).
-PEEL_SHAPES = 4096
-_SHAPES: dict[str, tuple] = {}
+PEEL_SHAPES = 2048
+_SHAPES = ShapeMemo(PEEL_SHAPES)  # shape -> the envelopes taken (_peel_fresh's steps)
 _BY_SHAPE: list[bool] = []  # [whether every pattern peeling uses is digit-blind], worked out once
 _NCCL = -1  # a step of the NCCL head, in a shape's steps
 _C10D, _C10D_SHAPE = r"(?:\[c10d\] )?", "[c00d]"
@@ -314,12 +314,18 @@ def _peel(line: str) -> Envelope:
         env = _replay(line, steps)
         if env is not None:
             return env
+    elif not _SHAPES.admit(shape):
+        return _peel_fresh(line, None)  # met once so far: nothing kept
     found: list[tuple] = []
     env = _peel_fresh(line, found)
-    if len(_SHAPES) >= PEEL_SHAPES:
-        _SHAPES.clear()
     _SHAPES[shape] = tuple(found)
     return env
+
+
+def forget() -> None:
+    """Drop what peeling remembers (the run is read: the memory goes to its table)."""
+    for memo in (_SHAPES, _peeled, _SECONDS):
+        memo.clear()
 
 
 def _known(env: Envelope) -> tuple:

@@ -457,6 +457,11 @@ _EXTRA_MEMO_MAX = 4096
 _MEMO_TYPES = (int, str, bool, float, type(None))
 
 
+def forget() -> None:
+    """Drop the `extra` texts remembered (events.forget_line_memos)."""
+    _EXTRA_MEMO.clear()
+
+
 def _extra_json(extra: dict) -> str:
     values = tuple(extra.values())
     types = tuple(map(type, values))

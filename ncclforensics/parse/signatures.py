@@ -13,7 +13,7 @@ from pathlib import Path
 import regex
 
 from ncclforensics.atomic import atomic_write
-from ncclforensics.digits import BLIND, shape_of
+from ncclforensics.digits import BLIND, ShapeMemo, shape_of
 from ncclforensics.diskcache import cache_dir
 from ncclforensics.errors import CatalogueError, PatternError
 from ncclforensics.model import SOURCES
@@ -41,6 +41,8 @@ MATCH_TIMEOUT_S = 0.05  # per regex attempt: a pathological line is dropped, nev
 MAX_MATCH_LEN = 16_384  # characters of a body given to the full regexes
 MATCH_CACHE_CHARS = 1024  # bodies up to this long have their matches remembered (match_all)
 MATCH_CACHE_ENTRIES = 8192  # then it starts again (a few MB at most)
+# bodies' shapes whose answers are kept (match_all, candidates; digits.ShapeMemo: those met twice)
+SHAPE_CACHE_ENTRIES = 2048
 
 
 # keys a signature file may have; `parser` (a kind a block parser emits), `meaning`, `carrier`, `launcher`,
@@ -221,7 +223,7 @@ class SignatureSet:
         self._finder = LiteralSet({"prefilter": list(self.by_literal)})
         self._matches: dict[tuple[str, bool], tuple[tuple[Signature, dict[str, object]], ...]] = {}
         # the blind variants' answers by a body's shape (digits made 0): Signature.match_shaped's `seen`
-        self._shapes: dict[str, dict[Signature, dict[int, tuple | None]]] = {}
+        self._shapes: ShapeMemo = ShapeMemo(SHAPE_CACHE_ENTRIES)
         # candidates(): the literals without a digit a shape holds, and the literals with one
         self._free_by_shape: dict[str, frozenset[int]] = {}
         self._digit_literals = tuple((i, lit) for i, lit in enumerate(self._finder.texts)
@@ -229,6 +231,11 @@ class SignatureSet:
         self._digit_literal_ids = frozenset(i for i, _ in self._digit_literals)
         # candidates() by the literals found: few sets recur (one line's wording from every rank)
         self._by_found: dict[tuple[frozenset[int], bool], tuple[Signature, ...]] = {}
+
+    def forget(self) -> None:
+        """Drop what matching remembers (the run is read: the memory goes to its table)."""
+        for memo in (self._matches, self._shapes, self._free_by_shape, self._by_found):
+            memo.clear()
 
     def candidates(self, body: str, *, weak_only: bool = False, shape: str | None = None) -> Sequence[Signature]:
         """The signatures whose prefilter literals occur in `body`, in signature-file order. `shape`:
@@ -240,7 +247,7 @@ class SignatureSet:
         else:
             free = self._free_by_shape.get(shape)
             if free is None:
-                if len(self._free_by_shape) >= MATCH_CACHE_ENTRIES:
+                if len(self._free_by_shape) >= SHAPE_CACHE_ENTRIES:
                     self._free_by_shape.clear()
                 free = self._free_by_shape[shape] = self._finder.literal_ids_in(body) - self._digit_literal_ids
             found = free | {i for i, lit in self._digit_literals if lit in body} if self._digit_literals else free
@@ -282,14 +289,11 @@ class SignatureSet:
                 return hit
             # the same line from another rank (other numbers): digit-blind variants answer as for it
             shape = shape_of(body)
-            if shape == body:
-                shape = None  # no digit: the body is its own key
-            else:
-                spans_of = self._shapes.get(shape)
-                if spans_of is None:
-                    if len(self._shapes) >= MATCH_CACHE_ENTRIES:
-                        self._shapes.clear()
-                    spans_of = self._shapes[shape] = {}
+            spans_of = self._shapes.get(shape)
+            if spans_of is None and shape != body and self._shapes.admit(shape):
+                spans_of = self._shapes[shape] = {}
+            if spans_of is None:
+                shape = None  # no digit (the body is its own key), or a shape met once so far
         out = []
         for sig in self.candidates(body, weak_only=weak_only, shape=shape):
             if spans_of is not None:
