@@ -453,6 +453,8 @@ class _Books:
         forget_line_memos()  # their memory is the table's now
 
         rows = [r for c in self.files for r in c.rows + [p for ps in c.progress.values() for p in ps]]
+        for c in self.files:  # the rows are the table's alone: it drops them once it holds them
+            c.rows, c.progress = [], {}
         self.result.events, self.result.year_source = event_table(rows, self.result.run, self.mtimes)
         return self.result
 

@@ -64,7 +64,8 @@ def _years_near(ref: dt.datetime, *, not_after: bool) -> Callable[[dt.datetime],
 
 
 def event_table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.DataFrame, str]:
-    """The event table of `rows` (one run), and where year-less stamps took their year from."""
+    """The event table of `rows` (one run), and where year-less stamps took their year from. Empties
+    `rows` (its dicts are freed once the table holds them)."""
     stamps = [r.get("ts") for r in rows]
     # year-less stamps (c10 header, torch logging, syslog) take the run's year (FORMATS.md §1.9): the
     # year that puts them nearest the run's dated stamps (or the files' modification time), so a run
@@ -92,6 +93,8 @@ def event_table(rows: list[dict], run: str, mtimes: list[float]) -> tuple[pl.Dat
     del schema["run"]
     # from the row dicts at once (polars reads them in Rust: ~2.5x faster than a list per column)
     df = pl.DataFrame(rows, schema=schema, strict=False) if rows else pl.DataFrame(schema=schema)
+    rows.clear()  # the row dicts, once polars holds them (the caller keeps none): their memory for what follows
+    del stamps, full
     df = df.with_columns(pl.Series("ts", fixed, dtype=pl.Datetime("us"), strict=False),
                          pl.lit(run, dtype=EVENT_SCHEMA["run"]).alias("run"))
     df = df.with_columns(pl.col("ts").dt.replace_time_zone("UTC"))
