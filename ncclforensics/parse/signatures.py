@@ -142,6 +142,7 @@ class Signature:
 _MS = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
 _MS_SCALE = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}
 _NUMBER = re.compile(r"\d+")
+_DIGIT = re.compile("[0-9]")
 
 
 def convert(kind: str, raw: str) -> object | None:
@@ -226,8 +227,7 @@ class SignatureSet:
         self._shapes: ShapeMemo = ShapeMemo(SHAPE_CACHE_ENTRIES)
         # candidates(): the literals without a digit a shape holds, and the literals with one
         self._free_by_shape: dict[str, frozenset[int]] = {}
-        self._digit_literals = tuple((i, lit) for i, lit in enumerate(self._finder.texts)
-                                     if any(c in "0123456789" for c in lit))
+        self._digit_literals = tuple((i, lit) for i, lit in enumerate(self._finder.texts) if _DIGIT.search(lit))
         self._digit_literal_ids = frozenset(i for i, _ in self._digit_literals)
         # candidates() by the literals found: few sets recur (one line's wording from every rank)
         self._by_found: dict[tuple[frozenset[int], bool], tuple[Signature, ...]] = {}
