@@ -12,15 +12,12 @@ alike, with the same spans. Decided on Python's parse of the pattern; a pattern 
 
 from __future__ import annotations
 
-import atexit
-import json
 import re
 import re._constants as _sre
 import re._parser as _sre_parse
 import sys
 
-from ncclforensics.atomic import atomic_write
-from ncclforensics.diskcache import cache_dir
+from ncclforensics.diskcache import JsonFile
 
 _DIGITS = frozenset(range(0x30, 0x3A))
 _ALL_DIGITS = {_sre.CATEGORY_DIGIT, _sre.CATEGORY_WORD, _sre.CATEGORY_NOT_SPACE, _sre.CATEGORY_NOT_LINEBREAK,
@@ -54,47 +51,24 @@ def digit_blind(pattern: str) -> bool:
     return _blind(tree)
 
 
-class BlindCache:
+class BlindCache(JsonFile):
     """digit_blind's verdicts by pattern, kept in one file under the user's cache folder (parsing a
-    pattern takes ~0.3 ms: the signatures and envelopes a small run meets would cost start-up ~10 ms),
-    written when the process ends if a verdict was worked out. One file per Python version (its parser
-    decides)."""
+    pattern takes ~0.3 ms: the signatures and envelopes a small run meets would cost start-up ~10 ms).
+    One file per Python version (its parser decides); written merged with what another process saved."""
 
     def __init__(self) -> None:
-        self.verdicts: dict[str, bool] | None = None
-        self.dirty = False
-        self.file = cache_dir() / f"digit-blind-py{sys.version_info[0]}{sys.version_info[1]}.json"
+        super().__init__(f"digit-blind-py{sys.version_info[0]}{sys.version_info[1]}.json")
 
     def get(self, pattern: str) -> bool:
-        if self.verdicts is None:
-            self.verdicts = self._read()
-        verdict = self.verdicts.get(pattern)
-        if verdict is None:
-            verdict = self.verdicts[pattern] = digit_blind(pattern)
-            if not self.dirty:
-                self.dirty = True
-                atexit.register(self.write)
+        verdicts = self.table()
+        verdict = verdicts.get(pattern)
+        if not isinstance(verdict, bool):
+            verdict = verdicts[pattern] = digit_blind(pattern)
+            self.changed()
         return verdict
 
-    def _read(self) -> dict[str, bool]:
-        try:
-            got = json.loads(self.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(got, dict):
-            return {}
-        return {k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, bool)}
-
-    def write(self) -> None:
-        """Save the verdicts (merged with what another process saved meanwhile); a read-only home keeps none."""
-        if not self.dirty or self.verdicts is None:
-            return
-        self.dirty = False
-        try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.file, json.dumps({**self._read(), **self.verdicts}))
-        except OSError:
-            pass
+    def kept(self, entries: dict) -> dict:
+        return {**self._read(), **entries}
 
 
 BLIND = BlindCache()

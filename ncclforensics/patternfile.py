@@ -8,7 +8,6 @@ one cache file under the user's cache folder, written when the process ends if a
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
@@ -16,28 +15,24 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from ncclforensics.atomic import atomic_write
-from ncclforensics.diskcache import cache_dir
+from ncclforensics.diskcache import JsonFile
 from ncclforensics.errors import PatternError
 
 
-class _TomlCache:
-    """Parsed TOML tables by absolute path: {path: [mtime_ns, size, JSON text]}, loaded from the cache
-    file on first use. Each load_toml call gets tables of its own (json.loads of the text): callers may
-    change what they get."""
+class _TomlCache(JsonFile):
+    """Parsed TOML tables by absolute path: {path: [mtime_ns, size, JSON text]}, in one cache file (one per
+    installed copy of the package). Each load_toml call gets tables of its own (json.loads of the text):
+    callers may change what they get."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, list] | None = None
-        self.dirty = False
         where = hashlib.sha256(Path(__file__).resolve().parent.as_posix().encode()).hexdigest()[:12]
-        self.file = cache_dir() / f"toml-{where}.json"  # one per installed copy of the package
+        super().__init__(f"toml-{where}.json")
 
     def get(self, path: Path) -> dict:
-        if self.entries is None:
-            self.entries = self._read()
+        entries = self.table()
         key = os.path.abspath(path)
         st = os.stat(key)
-        hit = self.entries.get(key)
+        hit = entries.get(key)
         if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
             return json.loads(hit[2])
         with open(key, "rb") as f:
@@ -48,30 +43,13 @@ class _TomlCache:
         except (TypeError, ValueError):  # a TOML date or time: not kept (JSON has none)
             return data
         if len(raw) == st.st_size:  # not changed while it was read
-            self.entries[key] = [st.st_mtime_ns, st.st_size, text]
-            if not self.dirty:
-                self.dirty = True
-                atexit.register(self.write)
+            entries[key] = [st.st_mtime_ns, st.st_size, text]
+            self.changed()
         return json.loads(text)
 
-    def _read(self) -> dict[str, list]:
-        try:
-            entries = json.loads(self.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return entries if isinstance(entries, dict) else {}
-
-    def write(self) -> None:
-        """Save the tables, dropping files that no longer exist; a read-only home keeps nothing."""
-        if not self.dirty or self.entries is None:
-            return
-        self.dirty = False
-        keep = {k: v for k, v in self.entries.items() if os.path.exists(k)}
-        try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.file, json.dumps(keep))
-        except OSError:
-            pass
+    def kept(self, entries: dict) -> dict:
+        """The tables of files that still exist."""
+        return {k: v for k, v in entries.items() if os.path.exists(k)}
 
 
 _CACHE = _TomlCache()
