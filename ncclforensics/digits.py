@@ -20,6 +20,7 @@ import sys
 from ncclforensics.diskcache import JsonFile
 
 _DIGITS = frozenset(range(0x30, 0x3A))
+_DIGIT_CHARS = frozenset("0123456789")
 _ALL_DIGITS = {_sre.CATEGORY_DIGIT, _sre.CATEGORY_WORD, _sre.CATEGORY_NOT_SPACE, _sre.CATEGORY_NOT_LINEBREAK,
                _sre.CATEGORY_UNI_DIGIT, _sre.CATEGORY_UNI_WORD, _sre.CATEGORY_UNI_NOT_SPACE,
                _sre.CATEGORY_UNI_NOT_LINEBREAK, _sre.CATEGORY_LOC_WORD}
@@ -39,33 +40,50 @@ def shape_of(body: str) -> str:
 _GROUP_NAME = re.compile(r"(?<!\\)\(\?P<\w+>")
 
 
-def digit_blind(pattern: str) -> bool:
-    """Whether `pattern` treats every ASCII digit alike (see above). The `regex` module lets variants'
-    alternatives share a group name, Python's parser does not: names are made unique first (a name
-    never decides how a character matches)."""
+def digit_guards(pattern: str) -> tuple[str, ...] | None:
+    """The shapes of the literal texts holding a digit that `pattern` reads (`[c10d] `, `got 0 bytes`),
+    when everything else in it treats every digit alike; None where something else sees digits (a
+    class with some digits, a back-reference, such a text under IGNORECASE, a pattern Python cannot
+    parse). A line whose shape holds none of them meets the pattern as a blind one: each of those texts
+    would appear whole in a line it matched, and its shape in that line's shape. The `regex` module
+    lets variants' alternatives share a group name, Python's parser does not: names are made unique
+    first (a name never decides how a character matches)."""
     names = iter(range(1 << 30))
     try:
         tree = _sre_parse.parse(_GROUP_NAME.sub(lambda _: f"(?P<g{next(names)}>", pattern))
     except Exception:
-        return False
-    return _blind(tree)
+        return None
+    guards: set[str] = set()
+    if not _blind(tree, guards, bool(tree.state.flags & re.IGNORECASE)):
+        return None
+    return tuple(sorted(guards))
+
+
+def digit_blind(pattern: str) -> bool:
+    """Whether `pattern` treats every ASCII digit alike (see above): no guard needed."""
+    return digit_guards(pattern) == ()
 
 
 class BlindCache(JsonFile):
-    """digit_blind's verdicts by pattern, kept in one file under the user's cache folder (parsing a
+    """digit_guards' answers by pattern, kept in one file under the user's cache folder (parsing a
     pattern takes ~0.3 ms: the signatures and envelopes a small run meets would cost start-up ~10 ms).
     One file per Python version (its parser decides); written merged with what another process saved."""
 
     def __init__(self) -> None:
-        super().__init__(f"digit-blind-py{sys.version_info[0]}{sys.version_info[1]}.json")
+        super().__init__(f"digit-guards-py{sys.version_info[0]}{sys.version_info[1]}.json")
 
-    def get(self, pattern: str) -> bool:
-        verdicts = self.table()
-        verdict = verdicts.get(pattern)
-        if not isinstance(verdict, bool):
-            verdict = verdicts[pattern] = digit_blind(pattern)
-            self.changed()
-        return verdict
+    def get(self, pattern: str) -> tuple[str, ...] | None:
+        answers = self.table()
+        got = answers.get(pattern, False)
+        if got is None or (isinstance(got, list) and all(isinstance(x, str) for x in got)):
+            return None if got is None else tuple(got)
+        guards = digit_guards(pattern)
+        answers[pattern] = None if guards is None else list(guards)
+        self.changed()
+        return guards
+
+    def blind(self, pattern: str) -> bool:
+        return self.get(pattern) == ()
 
     def kept(self, entries: dict) -> dict:
         return {**self._read(), **entries}
@@ -74,32 +92,49 @@ class BlindCache(JsonFile):
 BLIND = BlindCache()
 
 
-def _blind(items) -> bool:
+def _blind(items, guards: set[str], icase: bool) -> bool:
+    """Whether the items treat every digit alike but in runs of literal text, whose shapes go to `guards`."""
+    run: list[str] = []
+
+    def flush() -> bool:
+        if any(c in _DIGIT_CHARS for c in run):
+            if icase:
+                return False
+            guards.add(shape_of("".join(run)))
+        run.clear()
+        return True
+
     for op, av in items:
-        if op in (_sre.LITERAL, _sre.NOT_LITERAL):
+        if op is _sre.LITERAL:
+            run.append(chr(av))
+            continue
+        if not flush():
+            return False
+        if op is _sre.NOT_LITERAL:
             if av in _DIGITS:
                 return False
         elif op is _sre.IN:
             if not _class_blind(av):
                 return False
         elif op is _sre.SUBPATTERN:
-            if not _blind(av[3]):
+            flags = icase or bool(av[1] & re.IGNORECASE)
+            if not _blind(av[3], guards, flags and not av[2] & re.IGNORECASE):
                 return False
         elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT):
-            if not _blind(av[2]):
+            if not _blind(av[2], guards, icase):
                 return False
         elif op is _sre.BRANCH:
-            if not all(_blind(alt) for alt in av[1]):
+            if not all(_blind(alt, guards, icase) for alt in av[1]):
                 return False
         elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            if not _blind(av[1]):
+            if not _blind(av[1], guards, icase):
                 return False
         elif op is _sre.ATOMIC_GROUP:
-            if not _blind(av):
+            if not _blind(av, guards, icase):
                 return False
         elif op not in (_sre.AT, _sre.ANY):
             return False  # back-references, conditionals, anything else: not provably blind
-    return True
+    return flush()
 
 
 def _class_blind(items) -> bool:

@@ -214,18 +214,33 @@ def test_digit_blind_verdicts_are_kept_in_the_cache_folder(tmp_path):
     from ncclforensics import digits
 
     first = digits.BlindCache()
-    first.file = tmp_path / "digit-blind.json"
-    assert first.get(r"SeqNum=(?P<seq>\d+)") is True
-    assert first.get(r"Signal 6") is False
+    first.file = tmp_path / "digit-guards.json"
+    assert first.blind(r"SeqNum=(?P<seq>\d+)") is True
+    assert first.blind(r"Signal 6") is False
+    assert first.get(r"[01]") is None
     first.write()
     again = digits.BlindCache()
     again.file = first.file
-    assert again._read() == {r"SeqNum=(?P<seq>\d+)": True, "Signal 6": False}
-    assert again.get("Signal 6") is False and not again.dirty
+    assert again._read() == {r"SeqNum=(?P<seq>\d+)": [], "Signal 6": ["Signal 0"], "[01]": None}
+    assert again.blind("Signal 6") is False and again.get("[01]") is None and not again.dirty
     first.file.write_text("{not json")
     damaged = digits.BlindCache()
     damaged.file = first.file
-    assert damaged.get(r"SeqNum=(?P<seq>\d+)") is True and damaged.dirty
+    assert damaged.blind(r"SeqNum=(?P<seq>\d+)") is True and damaged.dirty
+
+
+@pytest.mark.parametrize(("pattern", "guards"), [
+    (r"(?:\[c10d\] )?x", ("[c00d] ",)),  # c10's tag: lines whose shape holds `[c00d] ` are matched afresh
+    (r"got 0 bytes", ("got 0 bytes",)),
+    (r"(?i)got 0 bytes", None),  # under IGNORECASE a text's letters may differ: no guard
+    (r"[01]", None),
+    (r"\d+ ms", ()),
+])
+def test_texts_with_digits_a_pattern_reads_are_its_guards(pattern, guards):
+    """A line whose shape holds none of a pattern's guards meets it as a blind pattern."""
+    from ncclforensics.digits import digit_guards
+
+    assert digit_guards(pattern) == guards
 
 
 @pytest.mark.parametrize("body", ["[Rank 1499] SeqNum=2547 ran for 600020 ms", "é 12 ✓ 90 ﹙٣﹚ x", "", "no digits",

@@ -290,24 +290,24 @@ def peel(line: str) -> Envelope:
 # digit-blind, and _apply decides only by which fields are known and by text without digits. Such
 # a line replays its shape's envelopes (each one's match and _apply again, for this line's values),
 # checking where each ends and which fields are known after it; any difference peels it afresh.
-# The one text with digits a peeler reads is c10's `[c10d] ` (§1.2): a line whose shape holds `[c00d]`
-# is peeled afresh, and for every other line that part of the pattern never matches (it is checked
-# blind without it).
+# The one text with digits a peeler reads is c10's `[c10d] ` (§1.2): a line whose shape holds its
+# shape (digits.digit_guards) is peeled afresh; in every other line it matches nowhere.
 PEEL_SHAPES = 2048
 _SHAPES = ShapeMemo(PEEL_SHAPES)  # shape -> the envelopes taken (_peel_fresh's steps)
-_BY_SHAPE: list[bool] = []  # [whether every pattern peeling uses is digit-blind], worked out once
+# [the shapes of the texts with digits the patterns read, or None where one sees digits otherwise]
+_GUARDS: list[tuple[str, ...] | None] = []
 _NCCL = -1  # a step of the NCCL head, in a shape's steps
-_C10D, _C10D_SHAPE = r"(?:\[c10d\] )?", "[c00d]"
 
 
 def _peel(line: str) -> Envelope:
-    if not _BY_SHAPE:
-        patterns = (*(rx.pattern for _, rx in _PEELERS), _ANY_PEELER.pattern, NCCL_HEAD.pattern, NCCL_SRC.pattern)
-        _BY_SHAPE.append(all(BLIND.get(p.replace(_C10D, "(?:(?!))?")) for p in patterns))
-    if not _BY_SHAPE[0]:
+    if not _GUARDS:
+        each = [BLIND.get(rx.pattern) for rx in (*(rx for _, rx in _PEELERS), _ANY_PEELER, NCCL_HEAD, NCCL_SRC)]
+        _GUARDS.append(None if None in each else tuple(sorted({g for gs in each for g in gs})))  # type: ignore[union-attr]
+    guards = _GUARDS[0]
+    if guards is None:
         return _peel_fresh(line, None)
     shape = shape_of(line)
-    if _C10D_SHAPE in shape:
+    if any(g in shape for g in guards):
         return _peel_fresh(line, None)
     steps = _SHAPES.get(shape)
     if steps is not None:

@@ -83,7 +83,7 @@ class Signature:
     def blind_variants(self) -> tuple[bool, ...]:
         """Per variant, whether it treats every ASCII digit alike (digits.digit_blind): then two bodies
         that differ only in which digits they hold match it alike, with the same spans."""
-        return tuple(BLIND.get(p) for p in self.patterns)
+        return tuple(BLIND.blind(p) for p in self.patterns)
 
     def match(self, body: str) -> dict[str, object] | None:
         """Typed fields of the first variant that matches `body`, or None."""
