@@ -269,7 +269,9 @@ class LiteralSet:
                 line_end = data.find(b"\n", e - 1, end)
                 if line_end < 0:
                     line_end = end
-                after += count_newlines(data, line_start, pos)
+                # (a short range, as most are between two hits: bytes.count without the call)
+                after += (data.count(b"\n", line_start, pos) if pos - line_start < NUMPY_SMALL
+                          else count_newlines(data, line_start, pos))
                 pos = line_start
                 yield newlines - after, data[line_start:line_end].decode("utf-8", "replace")
             end = start
@@ -303,10 +305,12 @@ def _line_indices(data: bytes, a: int, ends: list[int]) -> list[int]:
     out: list[int] = []
     line = 0
     at = a
+    count = data.count
     for e in ends:
         pos = e - 1  # the match's last byte
         if pos >= at:
-            line += count_newlines(data, at, pos)
+            # most ranges are short (a block holds a few dozen hits): bytes.count without the call
+            line += count(b"\n", at, pos) if pos - at < NUMPY_SMALL else count_newlines(data, at, pos)
             at = pos
         if not out or out[-1] != line:
             out.append(line)
