@@ -93,3 +93,61 @@ def test_a_child_failed_header_without_its_summary_takes_no_lines(tmp_path: Path
     (run / "export.txt").write_text("\n".join(lines) + "\n")
     kinds = set(build_events(run).events["kind"].cast(str).to_list())
     assert {"worker_failed", "nccl_shm_error"} <= kinds
+
+
+# a C++ exception reaching stderr (FORMATS.md §1.3): the message, then `Exception raised from …` and the
+# backtrace, one `frame #<n>: <symbol> + 0x<offset> (0x<address> in <library>)` line per frame
+CXX_TAIL = (
+    "Exception raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:635 "
+    "(most recent call first):\n"
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98 (0x7f00ce35a3c8 in /opt/venv/lib/"
+    "python3.11/site-packages/torch/lib/libc10.so)\n"
+    "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+    "std::ratio<1l, 1000l> > >) + 0x2b0 (0x7f00cf468b6e in /opt/venv/lib/python3.11/site-packages/torch/lib/"
+    "libtorch_cuda.so)\n"
+    "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x88e (0x7f00cf473d4e in /opt/venv/lib/python3.11/"
+    "site-packages/torch/lib/libtorch_cuda.so)\n"
+)
+WHAT = ("  what():  [PG ID 0 PG GUID 0(default_pg) Rank 5] Process group watchdog thread terminated with exception: "
+        "[Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2547, OpType=ALLREDUCE, "
+        "NumelIn=6553600, NumelOut=6553600, Timeout(ms)=600000) ran for 600090 milliseconds before timing out.\n")
+
+
+def _rows(tmp_path: Path, text: str) -> list[dict]:
+    path = tmp_path / "stderr.log"
+    path.write_text(text)
+    return [{k: v for k, v in r.items() if k != "file"} for r in build_events(path).events.to_dicts()]
+
+
+def test_cxx_backtrace_frames_neither_start_nor_continue_a_wrapped_line(tmp_path):
+    """A backtrace's frame lines are lines of their own: the `what():` message ends where they start, and a
+    frame is never joined to the frame after it. The rows are those of the message without its backtrace."""
+    from ncclforensics.parse.lines import _FRAME, LineScanner, _continuation, _Lines
+    from ncclforensics.parse.signatures import load_signatures
+
+    text = "terminate called after throwing an instance of 'c10::DistBackendError'\n" + WHAT + CXX_TAIL
+    data = text.encode()
+    lines = _Lines(data, 0, len(data))
+    frames = [i for i, ln in enumerate(lines) if ln.startswith("frame #")]
+    assert len(frames) == 3 and all(_FRAME.match(lines[i]) for i in frames)
+    assert all(_continuation(lines, i) is None for i in frames)
+    body = lines[frames[0]]
+    assert LineScanner(load_signatures())._rejoin(lines, frames[0], body) == ([], body)
+    with_frames = _rows(tmp_path, text)
+    without = _rows(tmp_path, text.split("frame #0")[0])
+    assert {r["kind"] for r in with_frames} >= {"watchdog_timeout"}
+    assert with_frames == without
+
+
+def test_extra_json_of_scalars_is_json_dumps():
+    """The `extra` column's text for a dict of scalars (the C encoder made once) is json.dumps(extra,
+    default=str) to the character: non-ASCII, quotes, NaN and infinities, big ints, bools, None."""
+    from ncclforensics.parse.lines import _extra_json
+
+    cases = [{"attempt": 0}, {"cuda_dev": 3, "attempt": 0, "agent": True},
+             {"what": 'näh "quoted"\n\ttab', "ratio": 1.5, "none": None, "big": 10**30, "neg": -0.0,
+              "nan": float("nan"), "inf": float("inf"), "minf": float("-inf"), "no": False},
+             {"ranks": [1, 2, 3], "nested": {"a": 1}}]
+    for extra in cases:
+        assert _extra_json(extra) == json.dumps(extra, default=str)
+        assert _extra_json(dict(extra)) == json.dumps(extra, default=str)  # remembered: the same text

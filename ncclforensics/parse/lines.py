@@ -570,6 +570,8 @@ def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
     nxt = strip_ansi(lines[j])
     if not nxt.strip() or nxt[:1].isspace():  # blank or indented: no peeling needed to say so
         return None
+    if _FRAME.match(nxt):  # a C++ backtrace's frame (§1.3) is a line of its own, where a message's lines end
+        return None
     e = peel(nxt)
     if e.key or e.ts is not None or e.sev is not None:
         return None
