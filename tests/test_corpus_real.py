@@ -74,3 +74,28 @@ def test_no_class_where_a_keyword_vote_does_better(results):
         theirs[cls] += _class_ok(r["label"], r["vote"])
     behind = {c: (ours[c], theirs[c]) for c in theirs if ours[c] < theirs[c]}
     assert not behind, f"class: (analyzer, keyword vote) right: {behind}"
+
+
+def _hard_wrapped(text: str, width: int) -> str:
+    """Text as a terminal of `width` columns shows it when pasted: every line cut into pieces of that width."""
+    return "\n".join(line[i : i + width] for line in text.split("\n") for i in range(0, max(len(line), 1), width))
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_class_when_hard_wrapped(tmp_path, width):
+    """The same pastes copied from a terminal that hard-wrapped them (FORMATS.md §1.8): a cut may leave a
+    message's literal in its continuation, or start the continuation with a space; the class holds."""
+    right, misses = 0, []
+    for case in CASES:
+        label = json.loads((case / "label.json").read_text())
+        dst = tmp_path / case.name
+        dst.mkdir()
+        for f in case.iterdir():
+            if f.is_file() and f.name != "label.json":
+                (dst / f.name).write_text(_hard_wrapped(f.read_text(errors="replace"), width))
+        got = analyze_path(dst).diagnosis.verdict.root_cause.value
+        if _class_ok(label, got):
+            right += 1
+        else:
+            misses.append(f"{case.name}: {got}")
+    assert right >= 0.9 * len(CASES), misses

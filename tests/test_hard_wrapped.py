@@ -151,3 +151,47 @@ def test_extra_json_of_scalars_is_json_dumps():
     for extra in cases:
         assert _extra_json(extra) == json.dumps(extra, default=str)
         assert _extra_json(dict(extra)) == json.dumps(extra, default=str)  # remembered: the same text
+
+
+def test_a_wrapped_line_whose_literal_went_to_the_continuation(tmp_path):
+    """`… Watchdog caught collective operation timeo` / `ut: WorkNCCL(SeqNum=…`: the literal is cut, only
+    the continuation is selected and matches nothing alone; joined with the line before it, the timeout is
+    the first line's, with its rank from the first line's envelope."""
+    whole = ("[E ProcessGroupNCCL.cpp:828] [Rank 2] Watchdog caught collective operation timeout: "
+             "WorkNCCL(SeqNum=18364, OpType=ALLGATHER, Timeout(ms)=4800000) ran for 4804648 milliseconds before "
+             "timing out.")
+    path = tmp_path / "console.log"
+    path.write_text("INFO:accelerate.accelerator:Saving FSDP model\n" + _wrapped(whole, 80) + "\n")
+    rows = build_events(path).events.filter(pl_kind("watchdog_timeout")).to_dicts()
+    assert len(rows) == 1
+    assert (rows[0]["line"], rows[0]["rank"], rows[0]["seq"], rows[0]["op"]) == (2, 2, 18364, "ALLGATHER")
+
+
+def test_a_continuation_cut_just_before_a_space(tmp_path):
+    """A wrap that cut a line just before a space leaves its continuation starting with one space: that is
+    no indentation (two spaces or a tab are: a traceback's frame, a block's field)."""
+    from ncclforensics.parse.lines import _indented
+
+    assert not _indented(" AF_INET(2) nor AF_INET6(10)")
+    assert _indented("  File \"/srv/train.py\", line 3, in <module>") and _indented("\tat x") and _indented("   ")
+    line = ("[trainer0|0]:ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor "
+            "AF_INET6(10)")
+    whole = _rows(tmp_path, line + "\n")
+    cut = _rows(tmp_path, line[:80] + "\n" + line[80:] + "\n")
+    assert whole and line[80] == " "
+    assert [(r["kind"], r["line"]) for r in cut] == [(r["kind"], r["line"]) for r in whole]
+
+
+def test_a_plain_line_after_a_long_one_is_no_wrap_of_it(tmp_path):
+    """A short line without envelope after a long complete line (a script's own print) is not joined to it
+    backwards: it matches nothing with it, and the long line's rows are its own."""
+    text = MISMATCH + "\nsaving to /tmp/out\n"
+    rows = _rows(tmp_path, text)
+    assert [r["line"] for r in rows if r["kind"] == "fingerprint_mismatch"] == [1]
+    assert all(r["line"] == 1 for r in rows)
+
+
+def pl_kind(kind: str):
+    import polars as pl
+
+    return pl.col("kind") == kind

@@ -313,6 +313,13 @@ class LineScanner:
                     found, joined = self._rejoin(lines, i, body)
                     if found:
                         body = joined
+                if not found and i > 0 and len(envs) == 1 and not (env.key or env.ts is not None or env.sev):
+                    back = self._rejoin_back(lines, i, body)
+                    if back is not None:
+                        at, start_env, start_text, back_found = back
+                        for sig, fields in back_found:
+                            self._emit(ctx, sig.source, sig.event, fields, start_env, line0 + at, start_text)
+                        continue
                 if found and max(len(body), len(lines[i])) >= WRAP_MIN and lines.has(i + 1):
                     found = self._rewrapped(lines, i, env.body, found)
                 for sig, fields in found:
@@ -432,6 +439,33 @@ class LineScanner:
             if found:
                 return found, joined
         return [], body
+
+    def _rejoin_back(self, lines: _Lines, i: int, body: str) -> tuple[int, Envelope, str, list] | None:
+        """A hard-wrapped line whose literal the wrap moved into its continuation (§1.8: `… operation timeo` /
+        `ut: WorkNCCL(…`): only the continuation was selected, and it matches nothing alone. The line before
+        it (or the two before), each filled to the terminal's width, joined with it; the signatures that the
+        joined text matches and no piece alone are the wrapped line's: (its index, its envelope, its text,
+        those matches). None when line i is no continuation or nothing matches so."""
+        if not body.strip() or _indented(body) or _FRAME.match(body):
+            return None
+        pieces = [body]
+        for start in (i - 1, i - 2):
+            if start < 0 or len(lines[start]) < WRAP_MIN:
+                return None  # a wrap's pieces before the last fill the terminal's width
+            text = strip_ansi(lines[start][:MAX_LINE])
+            env = peel(text)
+            head = env.body
+            if not head.strip() or _FRAME.match(head):
+                return None
+            joined = head + "".join(pieces)
+            found = [(sig, f) for sig, f in self.sigset.match_all(joined)
+                     if sig.match(head) is None and not any(sig.match(p) is not None for p in pieces)]
+            if found:
+                return start, env, text, found
+            if env.key or env.ts is not None or env.sev or _indented(head):
+                return None  # a writer's line starts here: nothing before it is the same line
+            pieces.insert(0, head)
+        return None
 
     # -- rows --------------------------------------------------------------------------
     def _emit(self, ctx: FileContext, source: str, kind: str, fields: dict, env: Envelope,
@@ -568,7 +602,7 @@ def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
     if lead is not None and lines[j].startswith(lead):
         return None
     nxt = strip_ansi(lines[j])
-    if not nxt.strip() or nxt[:1].isspace():  # blank or indented: no peeling needed to say so
+    if not nxt.strip() or _indented(nxt):  # blank or indented: no peeling needed to say so
         return None
     if _FRAME.match(nxt):  # a C++ backtrace's frame (§1.3) is a line of its own, where a message's lines end
         return None
@@ -576,6 +610,12 @@ def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
     if e.key or e.ts is not None or e.sev is not None:
         return None
     return nxt
+
+
+def _indented(text: str) -> bool:
+    """Whether a line is indented (a traceback's frame or code, a block's field: two spaces or a tab on).
+    One space and then text is where a terminal's hard wrap cut a line just before a space (§1.8)."""
+    return text[:1].isspace() and not (text[:1] == " " and not text[1:2].isspace())
 
 
 def _inside(consumed: list[tuple[int, int]], p: int) -> bool:
