@@ -195,3 +195,16 @@ def pl_kind(kind: str):
     import polars as pl
 
     return pl.col("kind") == kind
+
+
+def test_a_field_the_wrap_cut_is_taken_whole(tmp_path):
+    """An Xid 45 line cut inside its detail (`… Ch 00000001 c` / `aused by previous Xid 149`): the joined
+    line gives the whole detail and the Xid it was caused by; the cut detail is a prefix of it, not a
+    conflicting value."""
+    line = ("kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous "
+            "Xid 149")
+    whole = [r for r in _rows(tmp_path, line + "\n") if r["kind"] == "xid"]
+    cut = [r for r in _rows(tmp_path, _wrapped(line, 80) + "\n") if r["kind"] == "xid"]
+    assert len(whole) == len(cut) == 1
+    assert json.loads(cut[0]["extra"])["cause_xid"] == 149
+    assert json.loads(cut[0]["extra"]) == json.loads(whole[0]["extra"])

@@ -408,7 +408,8 @@ class LineScanner:
         out = []
         for sig, fields in found:
             wider = more.pop(sig, None)
-            if wider is not None and len(wider) > len(fields) and all(wider.get(k) == v for k, v in fields.items()):
+            if wider is not None and len(wider) > len(fields) and all(_same_or_cut(v, wider.get(k))
+                                                                      for k, v in fields.items()):
                 fields = wider
             out.append((sig, fields))
         # a signature only the joined text matches (its words cut by the wrap), unless a continuation line
@@ -610,6 +611,12 @@ def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
     if e.key or e.ts is not None or e.sev is not None:
         return None
     return nxt
+
+
+def _same_or_cut(alone: object, joined: object) -> bool:
+    """Whether a field the line gave alone is the one its hard-wrapped whole gives (§1.8): the same value, or
+    a text the wrap cut (`Ch 00000001 c` of `Ch 00000001 caused by previous Xid 149`)."""
+    return joined == alone or (isinstance(alone, str) and isinstance(joined, str) and joined.startswith(alone))
 
 
 def _indented(text: str) -> bool:
