@@ -208,3 +208,49 @@ def test_a_field_the_wrap_cut_is_taken_whole(tmp_path):
     assert len(whole) == len(cut) == 1
     assert json.loads(cut[0]["extra"])["cause_xid"] == 149
     assert json.loads(cut[0]["extra"]) == json.loads(whole[0]["extra"])
+
+
+# a traceback as a terminal 80 or 120 columns wide shows it: frame paths, code and function names cut
+SAVE_TRACEBACK = "\n".join([
+    "Traceback (most recent call last):",
+    '  File "/home/u/proj/src/train.py", line 339, in run_training',
+    "    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)",
+    '  File "/home/u/miniconda3/envs/e/lib/python3.10/site-packages/transformers/trainer.py", line 1914, in '
+    "_inner_training_loop",
+    "    self._maybe_log_save_evaluate(tr_loss, model, trial, epoch, ignore_keys_for_eval)",
+    '  File "/home/u/miniconda3/envs/e/lib/python3.10/site-packages/transformers/trainer.py", line 2383, in '
+    "_save_checkpoint",
+    "    os.rename(staging_output_dir, output_dir)",
+    "FileNotFoundError: [Errno 2] No such file or directory: '/home/u/tmp-checkpoint-100' -> '/home/u/checkpoint-100'",
+    "",
+])
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_a_hard_wrapped_traceback_keeps_its_frames(tmp_path, width):
+    """Frame lines cut in the path or in the function name, and a code line cut before its end, are joined
+    again (FORMATS.md §1.8): the exception and its stack are those of the unwrapped traceback."""
+    def exception(text: str) -> dict:
+        rows = [r for r in _rows(tmp_path, text) if r["kind"] == "exception"]
+        assert len(rows) == 1
+        extra = json.loads(rows[0]["extra"])
+        return {"detail": rows[0]["detail"], "stack": extra["stack"], "frames": extra["frames"]}
+
+    wrapped = "\n".join(_wrapped(line, width) for line in SAVE_TRACEBACK.split("\n"))
+    assert wrapped != SAVE_TRACEBACK
+    whole, cut = exception(SAVE_TRACEBACK), exception(wrapped)
+    assert whole["stack"][-1] == "trainer.py:_save_checkpoint"
+    assert cut["stack"] == whole["stack"]
+    assert [(f["file"], f["line"], f["fn"]) for f in cut["frames"]] == [(f["file"], f["line"], f["fn"])
+                                                                        for f in whole["frames"]]
+    assert cut["detail"].startswith("FileNotFoundError: [Errno 2] No such file or directory")
+
+
+def test_an_indented_line_after_a_long_code_line_is_no_wrap(tmp_path):
+    """A long code line followed by the next frame (indented) or the exception line reads as before: only an
+    unindented line that is no exception line is taken for the code line's rest."""
+    long_code = "    " + "x = compute(" + ", ".join(f"argument_{k}" for k in range(12)) + ")"
+    text = ("Traceback (most recent call last):\n  File \"/srv/a.py\", line 3, in <module>\n" + long_code + "\n"
+            "  File \"/srv/b.py\", line 9, in compute\n    raise ValueError('bad')\nValueError: bad\n")
+    rows = [r for r in _rows(tmp_path, text) if r["kind"] == "exception"]
+    assert len(rows) == 1 and json.loads(rows[0]["extra"])["stack"] == ["a.py:<module>", "b.py:compute"]

@@ -19,6 +19,18 @@ FAULT_STACK = ("most recent call first):",)
 BLOCK_LITERALS = (TRACEBACK_START, CHILD_FAILED, LAST_ERROR) + FAULT_STACK
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line (?P<line>\d+),? in (?P<fn>[\w<>.]{1,200})')
+_FRAME_START = re.compile(r'^\s*File "')
+
+# a physical line this long may have been hard-wrapped by a terminal (FORMATS.md §1.8: widths ~80-200): its
+# rest is on the next line, without indentation or envelope
+WRAP_MIN = 72
+WRAP_PIECES = 3  # continuation lines joined to one traceback line at most
+
+
+def indented(text: str) -> bool:
+    """Whether a line is indented (a traceback's frame or code, a block's field: two spaces or a tab on).
+    One space and then text is where a terminal's hard wrap cut a line just before a space (§1.8)."""
+    return text[:1].isspace() and not (text[:1] == " " and not text[1:2].isspace())
 _EXC = re.compile(
     r"^(?P<type>[A-Za-z_][\w.]{0,200}?(?:Error|Exception|Exit|Interrupt|Warning|Failure|Timeout)?)(?::(?P<msg>.*))?$")
 _CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
@@ -99,6 +111,18 @@ def parse_traceback(bodies: Callable[[int], str | None], start: int) -> tuple[Bl
         if body is None:
             break
         fm = _FRAME.match(body)
+        if fm is None and _FRAME_START.match(body) and len(body) >= WRAP_MIN:
+            # a frame line hard-wrapped at the terminal's width (§1.8): `File "/…/transformer` + `s/trainer.py",
+            # line 1537, in train`
+            fm, used = _wrapped_frame(bodies, i, body)
+            if fm is not None:
+                i += used
+        elif fm is not None and len(body) >= WRAP_MIN:
+            # a whole frame whose function name the wrap cut: `in _save_check` + `point`
+            n = _wrap_rest(bodies, i + 1)
+            if n:
+                fm = _FRAME.match(body + "".join(bodies(i + 1 + k) or "" for k in range(n))) or fm
+                i += n
         if fm is not None:
             frames.append({"file": fm.group("file"), "line": int(fm.group("line")), "fn": fm.group("fn"), "code": ""})
             i += 1
@@ -107,6 +131,8 @@ def parse_traceback(bodies: Callable[[int], str | None], start: int) -> tuple[Bl
             if frames and not frames[-1]["code"] and body.strip() and not set(body.strip()) <= set("^~ "):
                 frames[-1]["code"] = body.strip()[:200]
             i += 1
+            if len(body) >= WRAP_MIN:  # a code line cut by the wrap: its rest is no exception line
+                i += _wrap_rest(bodies, i)
             continue
         m = _exc_line(body)
         if m is not None:
@@ -126,6 +152,42 @@ def parse_traceback(bodies: Callable[[int], str | None], start: int) -> tuple[Bl
             return blk, i - start + 1
         break
     return None, max(1, i - start)
+
+
+def _continues(body: str | None) -> bool:
+    """Whether a line can be the rest of a hard-wrapped one: text, neither indented nor a frame."""
+    return body is not None and bool(body.strip()) and not indented(body) and not _FRAME_START.match(body)
+
+
+def _wrapped_frame(bodies: Callable[[int], str | None], i: int, body: str) -> tuple[re.Match[str] | None, int]:
+    """A frame line cut by a hard wrap, joined with up to WRAP_PIECES lines after it: (the frame's match,
+    the lines joined), or (None, 0) when no join makes a frame."""
+    joined = body
+    for k in range(1, WRAP_PIECES + 1):
+        nxt = bodies(i + k)
+        if not _continues(nxt):
+            return None, 0
+        joined += nxt  # type: ignore[operator]
+        fm = _FRAME.match(joined)
+        if fm is not None:
+            return fm, k
+        if len(nxt) < WRAP_MIN:  # type: ignore[arg-type]
+            return None, 0  # only a piece filled to the width runs on
+    return None, 0
+
+
+def _wrap_rest(bodies: Callable[[int], str | None], i: int) -> int:
+    """How many lines from i are the rest of a long traceback line before them that a hard wrap cut (§1.8):
+    text that is no frame, no exception line and no chained-exception header; each but the last filled."""
+    n = 0
+    while n < WRAP_PIECES:
+        nxt = bodies(i + n)
+        if not _continues(nxt) or _exc_line(nxt or "") is not None or (nxt or "").startswith(_CHAIN):
+            break
+        n += 1
+        if len(nxt) < WRAP_MIN:  # type: ignore[arg-type]
+            break
+    return n
 
 
 def parse_fault_stack(bodies: Callable[[int], str | None], start: int) -> tuple[Block | None, int]:

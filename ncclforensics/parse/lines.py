@@ -22,7 +22,7 @@ TAIL_CHARS = 1 << 20  # a file's last characters, where weak signatures always r
 TAIL_PER_WRITER = 3  # weak-signature lines kept per rank from the tail (its last news)
 TAIL_QUIET = 64  # stop walking back after this many tail hits in a row from known writers
 TAIL_QUIET_ONE = 16  # the same in a file one process wrote (a launcher's per-worker file): its writers are one rank
-WRAP_MIN = 72  # a matched physical line this long may have been hard-wrapped by a terminal (_rewrapped)
+WRAP_MIN = blocks.WRAP_MIN  # a matched physical line this long may have been hard-wrapped (_rewrapped)
 MAX_MATCH_JOIN = 4000  # characters a hard-wrapped line is joined up to
 # lines a hard-wrapped line runs on over: the first few whatever their length (the last piece of a wrap is
 # short), then only while each line is as long as the first, the terminal's width (a DETAIL fingerprint
@@ -619,10 +619,7 @@ def _same_or_cut(alone: object, joined: object) -> bool:
     return joined == alone or (isinstance(alone, str) and isinstance(joined, str) and joined.startswith(alone))
 
 
-def _indented(text: str) -> bool:
-    """Whether a line is indented (a traceback's frame or code, a block's field: two spaces or a tab on).
-    One space and then text is where a terminal's hard wrap cut a line just before a space (§1.8)."""
-    return text[:1].isspace() and not (text[:1] == " " and not text[1:2].isspace())
+_indented = blocks.indented
 
 
 def _inside(consumed: list[tuple[int, int]], p: int) -> bool:
