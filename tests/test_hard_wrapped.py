@@ -170,7 +170,7 @@ def test_a_wrapped_line_whose_literal_went_to_the_continuation(tmp_path):
 def test_a_continuation_cut_just_before_a_space(tmp_path):
     """A wrap that cut a line just before a space leaves its continuation starting with one space: that is
     no indentation (two spaces or a tab are: a traceback's frame, a block's field)."""
-    from ncclforensics.parse.lines import _indented
+    from ncclforensics.parse.blocks import indented as _indented
 
     assert not _indented(" AF_INET(2) nor AF_INET6(10)")
     assert _indented("  File \"/srv/train.py\", line 3, in <module>") and _indented("\tat x") and _indented("   ")

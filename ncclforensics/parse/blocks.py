@@ -154,9 +154,11 @@ def parse_traceback(bodies: Callable[[int], str | None], start: int) -> tuple[Bl
     return None, max(1, i - start)
 
 
-def _continues(body: str | None) -> bool:
-    """Whether a line can be the rest of a hard-wrapped one: text, neither indented nor a frame."""
-    return body is not None and bool(body.strip()) and not indented(body) and not _FRAME_START.match(body)
+def _continues(body: str | None) -> str | None:
+    """The line, when it can be the rest of a hard-wrapped one (text, neither indented nor a frame); else None."""
+    if body is None or not body.strip() or indented(body) or _FRAME_START.match(body):
+        return None
+    return body
 
 
 def _wrapped_frame(bodies: Callable[[int], str | None], i: int, body: str) -> tuple[re.Match[str] | None, int]:
@@ -164,14 +166,14 @@ def _wrapped_frame(bodies: Callable[[int], str | None], i: int, body: str) -> tu
     the lines joined), or (None, 0) when no join makes a frame."""
     joined = body
     for k in range(1, WRAP_PIECES + 1):
-        nxt = bodies(i + k)
-        if not _continues(nxt):
+        nxt = _continues(bodies(i + k))
+        if nxt is None:
             return None, 0
-        joined += nxt  # type: ignore[operator]
+        joined += nxt
         fm = _FRAME.match(joined)
         if fm is not None:
             return fm, k
-        if len(nxt) < WRAP_MIN:  # type: ignore[arg-type]
+        if len(nxt) < WRAP_MIN:
             return None, 0  # only a piece filled to the width runs on
     return None, 0
 
@@ -181,11 +183,11 @@ def _wrap_rest(bodies: Callable[[int], str | None], i: int) -> int:
     text that is no frame, no exception line and no chained-exception header; each but the last filled."""
     n = 0
     while n < WRAP_PIECES:
-        nxt = bodies(i + n)
-        if not _continues(nxt) or _exc_line(nxt or "") is not None or (nxt or "").startswith(_CHAIN):
+        nxt = _continues(bodies(i + n))
+        if nxt is None or _exc_line(nxt) is not None or nxt.startswith(_CHAIN):
             break
         n += 1
-        if len(nxt) < WRAP_MIN:  # type: ignore[arg-type]
+        if len(nxt) < WRAP_MIN:
             break
     return n
 

@@ -447,7 +447,7 @@ class LineScanner:
         it (or the two before), each filled to the terminal's width, joined with it; the signatures that the
         joined text matches and no piece alone are the wrapped line's: (its index, its envelope, its text,
         those matches). None when line i is no continuation or nothing matches so."""
-        if not body.strip() or _indented(body) or _FRAME.match(body):
+        if not body.strip() or blocks.indented(body) or _FRAME.match(body):
             return None
         pieces = [body]
         for start in (i - 1, i - 2):
@@ -463,7 +463,7 @@ class LineScanner:
                      if sig.match(head) is None and not any(sig.match(p) is not None for p in pieces)]
             if found:
                 return start, env, text, found
-            if env.key or env.ts is not None or env.sev or _indented(head):
+            if env.key or env.ts is not None or env.sev or blocks.indented(head):
                 return None  # a writer's line starts here: nothing before it is the same line
             pieces.insert(0, head)
         return None
@@ -603,7 +603,7 @@ def _continuation(lines: _Lines, j: int, lead: str | None = None) -> str | None:
     if lead is not None and lines[j].startswith(lead):
         return None
     nxt = strip_ansi(lines[j])
-    if not nxt.strip() or _indented(nxt):  # blank or indented: no peeling needed to say so
+    if not nxt.strip() or blocks.indented(nxt):  # blank or indented: no peeling needed to say so
         return None
     if _FRAME.match(nxt):  # a C++ backtrace's frame (§1.3) is a line of its own, where a message's lines end
         return None
@@ -618,8 +618,6 @@ def _same_or_cut(alone: object, joined: object) -> bool:
     a text the wrap cut (`Ch 00000001 c` of `Ch 00000001 caused by previous Xid 149`)."""
     return joined == alone or (isinstance(alone, str) and isinstance(joined, str) and joined.startswith(alone))
 
-
-_indented = blocks.indented
 
 
 def _inside(consumed: list[tuple[int, int]], p: int) -> bool:
